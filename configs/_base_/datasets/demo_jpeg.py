@@ -1,0 +1,55 @@
+# The demo set written by tools/make_demo_data.py. Override its location
+# with the MMDATA_DEMO_ROOT environment variable (mmengine substitutes it).
+data_root = '{{$MMDATA_DEMO_ROOT:data/demo}}'
+crop_size = 64
+
+metainfo = dict(classes=('circle', 'square', 'triangle', 'ring', 'cross',
+                         'diamond', 'horizontal bar', 'vertical bar'))
+
+train_pipeline = [
+    dict(type='LoadImageFromFile'),
+    # Short side to ~72 px (mmcv's idiom: a huge long-side bound), jittered.
+    dict(
+        type='RandomResize',
+        scale=(72, 4096),
+        ratio_range=(0.9, 1.2),
+        keep_ratio=True),
+    dict(type='RandomImageCrop', crop_size=crop_size),
+    dict(type='RandomFlip', prob=0.5, direction='horizontal'),
+    dict(type='PackImageLabelInputs'),
+]
+
+val_pipeline = [
+    dict(type='LoadImageFromFile'),
+    dict(type='Resize', scale=(72, 4096), keep_ratio=True),
+    dict(type='CenterCrop', crop_size=crop_size),
+    dict(type='PackImageLabelInputs'),
+]
+
+train_dataloader = dict(
+    batch_size=16,
+    num_workers=2,
+    persistent_workers=True,
+    sampler=dict(type='InfiniteSampler', shuffle=True),
+    dataset=dict(
+        type='ImageListDataset',
+        data_root=data_root,
+        ann_file='train.txt',
+        metainfo=metainfo,
+        pipeline=train_pipeline),
+)
+
+val_dataloader = dict(
+    batch_size=32,
+    num_workers=2,
+    persistent_workers=True,
+    sampler=dict(type='DefaultSampler', shuffle=False),
+    dataset=dict(
+        type='ImageListDataset',
+        data_root=data_root,
+        ann_file='val.txt',
+        metainfo=metainfo,
+        test_mode=True,
+        pipeline=val_pipeline),
+)
+val_evaluator = dict(type='SingleLabelAccuracy')

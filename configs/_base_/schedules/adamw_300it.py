@@ -1,0 +1,10 @@
+optim_wrapper = dict(
+    optimizer=dict(type='AdamW', lr=3e-3, weight_decay=0.01))
+
+param_scheduler = [
+    dict(type='LinearLR', start_factor=0.04, by_epoch=False, begin=0, end=90),
+    dict(type='CosineAnnealingLR', by_epoch=False, begin=90, end=300),
+]
+
+train_cfg = dict(type='IterBasedTrainLoop', max_iters=300, val_interval=100)
+val_cfg = dict(type='ValLoop')

@@ -1,0 +1,8 @@
+from .annotation_lines import (AnnotationFormatError, decode_line,
+                               iter_path_labels, parse_path_label)
+from .image_list_dataset import ImageListDataset
+
+__all__ = [
+    'AnnotationFormatError', 'decode_line', 'iter_path_labels',
+    'parse_path_label', 'ImageListDataset'
+]

@@ -1,0 +1,3 @@
+from .optim import CPUAutocastOptimWrapper
+
+__all__ = ['CPUAutocastOptimWrapper']

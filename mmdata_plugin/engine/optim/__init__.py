@@ -1,0 +1,3 @@
+from .cpu_autocast_optim_wrapper import CPUAutocastOptimWrapper
+
+__all__ = ['CPUAutocastOptimWrapper']

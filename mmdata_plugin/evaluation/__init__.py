@@ -1,0 +1,3 @@
+from .accuracy import SingleLabelAccuracy
+
+__all__ = ['SingleLabelAccuracy']

@@ -1,0 +1,3 @@
+from .tiny_cnn_classifier import TinyCNNClassifier
+
+__all__ = ['TinyCNNClassifier']

@@ -1,0 +1,126 @@
+"""Helpers for tests that need several real processes (torchrun, gloo).
+
+They are shipped with the package so that downstream projects can test
+their own multi-rank data code on CPU machines the same way we do.
+"""
+import os
+import socket
+import subprocess
+import sys
+from typing import Dict, List, Optional, Sequence
+
+import torch.multiprocessing as mp
+
+
+def find_free_port() -> int:
+    """A TCP port on localhost that is free right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(('127.0.0.1', 0))
+        return sock.getsockname()[1]
+
+
+def cpu_env(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+    """The current environment, made to run training on the CPU quietly.
+
+    Hides GPUs (so gloo is used even on a GPU box), pins math libraries to
+    one thread per process (ranks x workers would oversubscribe the cores)
+    and makes Python output unbuffered so logs of killed runs are complete.
+    """
+    env = dict(os.environ)
+    env.update(
+        CUDA_VISIBLE_DEVICES='',
+        OMP_NUM_THREADS='1',
+        MKL_NUM_THREADS='1',
+        PYTHONUNBUFFERED='1')
+    env.update(extra or {})
+    return env
+
+
+class ProcessFailed(AssertionError):
+    """A launched command exited with a non-zero code."""
+
+
+def run_command(cmd: Sequence[str],
+                env: Optional[Dict[str, str]] = None,
+                cwd: Optional[str] = None,
+                timeout: float = 600) -> subprocess.CompletedProcess:
+    """Run ``cmd``; raise :class:`ProcessFailed` with its output on failure."""
+    result = subprocess.run(
+        list(cmd),
+        env=cpu_env(env),
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=timeout)
+    if result.returncode != 0:
+        raise ProcessFailed(
+            f'command failed with exit code {result.returncode}: '
+            f'{" ".join(cmd)}\n--- output ---\n{result.stdout[-20000:]}')
+    return result
+
+
+def torchrun_command(script: str,
+                     args: Sequence[str] = (),
+                     nproc: int = 2,
+                     port: Optional[int] = None) -> List[str]:
+    """The ``torchrun --nproc_per_node=N`` command line for ``script``."""
+    return [
+        sys.executable, '-m', 'torch.distributed.run',
+        f'--nproc_per_node={nproc}', '--master_addr=127.0.0.1',
+        f'--master_port={port or find_free_port()}', script, *args
+    ]
+
+
+def run_torchrun(script: str,
+                 args: Sequence[str] = (),
+                 nproc: int = 2,
+                 env: Optional[Dict[str, str]] = None,
+                 cwd: Optional[str] = None,
+                 timeout: float = 600) -> subprocess.CompletedProcess:
+    """Run ``script`` under ``torchrun`` with ``nproc`` CPU ranks.
+
+    Args:
+        script (str): Python file to launch (e.g. ``tools/train.py``).
+        args (Sequence[str]): Its arguments.
+        nproc (int): Number of ranks.
+        env (dict, optional): Extra environment variables.
+        cwd (str, optional): Working directory.
+        timeout (float): Seconds before the whole run is killed.
+
+    Returns:
+        subprocess.CompletedProcess: With the combined output in ``stdout``.
+    """
+    return run_command(
+        torchrun_command(script, args, nproc), env=env, cwd=cwd,
+        timeout=timeout)
+
+
+def _gloo_entry(rank: int, fn, world_size: int, port: int, args) -> None:
+    import torch.distributed as dist
+    os.environ.update(
+        MASTER_ADDR='127.0.0.1',
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world_size))
+    dist.init_process_group('gloo', rank=rank, world_size=world_size)
+    try:
+        fn(rank, world_size, *args)
+    finally:
+        dist.destroy_process_group()
+
+
+def spawn_gloo(fn, world_size: int = 2, args: Sequence = ()) -> None:
+    """Run ``fn(rank, world_size, *args)`` in ``world_size`` gloo ranks.
+
+    Lighter than :func:`run_torchrun` for testing a function rather than a
+    script. ``fn`` must be importable (a module-level function), since the
+    ranks are started with the ``spawn`` method. An exception in any rank
+    fails the call.
+    """
+    mp.start_processes(
+        _gloo_entry,
+        args=(fn, world_size, find_free_port(), tuple(args)),
+        nprocs=world_size,
+        start_method='spawn')

@@ -1,0 +1,19 @@
+import pytest
+from helpers import REPO_ROOT
+
+from mmdata_plugin.testing import cpu_env
+from mmdata_plugin.utils import make_demo_dataset
+
+
+@pytest.fixture(scope='session')
+def demo_root(tmp_path_factory):
+    """A small demo set (same generator as the README's, smaller images)."""
+    root = str(tmp_path_factory.mktemp('demo_data'))
+    make_demo_dataset(root, num_train=64, num_val=32, max_side=160)
+    return root
+
+
+@pytest.fixture(scope='session')
+def train_env(demo_root):
+    """Environment for subprocesses: CPU only, this working tree first."""
+    return cpu_env(dict(PYTHONPATH=REPO_ROOT, MMDATA_DEMO_ROOT=demo_root))

@@ -1,0 +1,19 @@
+"""Constants and small helpers shared by the tests (fixtures: conftest.py)."""
+import os.path as osp
+
+REPO_ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+DEMO_CONFIG = osp.join(REPO_ROOT, 'configs', 'demo', 'tinycnn_demo-jpeg.py')
+TRAIN_SCRIPT = osp.join(REPO_ROOT, 'tools', 'train.py')
+
+
+def quick_cfg_options(max_iters=6, interval=3, **extra):
+    """--cfg-options that shrink the demo config to a few iterations."""
+    options = dict({
+        'train_cfg.max_iters': max_iters,
+        'train_cfg.val_interval': max_iters,
+        'default_hooks.checkpoint.interval': interval,
+        'default_hooks.logger.interval': 1,
+        'train_dataloader.batch_size': 4,
+        'val_dataloader.batch_size': 8,
+    }, **extra)
+    return ['--cfg-options'] + [f'{k}={v}' for k, v in options.items()]

@@ -1,0 +1,92 @@
+"""tools/train.py end to end on CPU: train, resume, AMP, 2 ranks."""
+import copyreg
+import os.path as osp
+import sys
+
+import pytest
+import torch
+from helpers import DEMO_CONFIG, TRAIN_SCRIPT, quick_cfg_options
+from mmengine.logging import HistoryBuffer
+
+from mmdata_plugin.testing import ProcessFailed, run_command, run_torchrun
+from mmdata_plugin.utils import load_from_local_safely
+
+
+def _train_args(work_dir, *extra, max_iters=6):
+    return [
+        DEMO_CONFIG, '--work-dir',
+        str(work_dir), *extra, *quick_cfg_options(max_iters=max_iters)
+    ]
+
+
+def _train(work_dir, env, *extra, max_iters=6):
+    cmd = [sys.executable, TRAIN_SCRIPT]
+    return run_command(
+        cmd + _train_args(work_dir, *extra, max_iters=max_iters),
+        env=env).stdout
+
+
+@pytest.fixture(scope='module')
+def trained_work_dir(tmp_path_factory, train_env):
+    work_dir = tmp_path_factory.mktemp('train')
+    out = _train(work_dir, train_env)
+    assert 'Saving checkpoint at 6 iterations' in out
+    return work_dir
+
+
+def test_resume_latest_checkpoint(trained_work_dir, train_env):
+    out = _train(trained_work_dir, train_env, '--resume', max_iters=9)
+    assert 'Loads checkpoint by local_safely backend' in out
+    assert 'resumed epoch: 0, iter: 6' in out
+    assert osp.isfile(osp.join(trained_work_dir, 'iter_9.pth'))
+
+
+def test_resume_given_checkpoint(trained_work_dir, train_env, tmp_path):
+    ckpt = osp.join(trained_work_dir, 'iter_3.pth')
+    out = _train(tmp_path, train_env, '--resume', ckpt)
+    assert 'resumed epoch: 0, iter: 3' in out
+    assert osp.isfile(osp.join(tmp_path, 'iter_6.pth'))
+
+
+def _write_stock_checkpoint(ours, path):
+    """Re-save a checkpoint the way stock mmengine pickles HistoryBuffer."""
+    checkpoint = load_from_local_safely(ours, 'cpu')
+    reducer = copyreg.dispatch_table.pop(HistoryBuffer)
+    try:
+        torch.save(checkpoint, path)
+    finally:
+        copyreg.dispatch_table[HistoryBuffer] = reducer
+
+
+def test_stock_checkpoint_refused_unless_trusted(trained_work_dir, train_env,
+                                                 tmp_path):
+    stock = str(tmp_path / 'stock_iter_6.pth')
+    _write_stock_checkpoint(osp.join(trained_work_dir, 'iter_6.pth'), stock)
+    with pytest.raises(ProcessFailed) as refused:
+        _train(tmp_path / 'refused', train_env, '--resume', stock,
+               max_iters=7)
+    message = str(refused.value)
+    assert f'Refusing to load checkpoint "{stock}"' in message
+    assert 'builtins.getattr' in message
+    assert f'--trust-checkpoint {stock}' in message
+
+    out = _train(tmp_path / 'trusted', train_env, '--resume', stock,
+                 '--trust-checkpoint', stock, max_iters=7)
+    assert 'resumed epoch: 0, iter: 6' in out
+
+
+def test_amp_on_cpu(train_env, tmp_path):
+    out = _train(tmp_path, train_env, '--amp', max_iters=2)
+    assert "type='CPUAutocastOptimWrapper'" in out
+    assert osp.isfile(osp.join(tmp_path, 'iter_2.pth'))
+
+
+def test_two_rank_torchrun_gloo(train_env, tmp_path):
+    out = run_torchrun(
+        TRAIN_SCRIPT,
+        _train_args(tmp_path, '--launcher', 'pytorch', max_iters=4),
+        env=train_env).stdout
+    assert 'Distributed training: True' in out
+    assert "backend='gloo'" in out
+    assert 'Iter(train) [4/4]' in out
+    assert osp.isfile(osp.join(tmp_path, 'iter_4.pth'))

@@ -1,0 +1,42 @@
+# Write the demo image-classification set (real JPEGs of mixed sizes).
+import argparse
+import time
+
+from mmdata_plugin.utils import make_demo_dataset
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(
+        description='Write the demo set: JPEGs of mixed sizes (small images '
+        'and 720p/1080p frames) and `relative/path label` annotation files')
+    parser.add_argument(
+        '--out', default='data/demo', help='output folder (data/demo)')
+    parser.add_argument('--num-train', type=int, default=512)
+    parser.add_argument('--num-val', type=int, default=128)
+    parser.add_argument(
+        '--max-side',
+        type=int,
+        default=1920,
+        help='cap on the longer image side, in pixels')
+    parser.add_argument('--quality', type=int, default=90, help='JPEG quality')
+    parser.add_argument('--seed', type=int, default=0)
+    return parser.parse_args()
+
+
+def main():
+    args = parse_args()
+    start = time.perf_counter()
+    ann_files = make_demo_dataset(
+        args.out,
+        num_train=args.num_train,
+        num_val=args.num_val,
+        max_side=args.max_side,
+        quality=args.quality,
+        seed=args.seed)
+    print(f'Wrote {args.num_train} train and {args.num_val} val images to '
+          f'{args.out} in {time.perf_counter() - start:.1f} s; annotations: '
+          + ', '.join(ann_files.values()))
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,123 @@
+# Train a model from an mmengine config, on GPUs or on CPU.
+import argparse
+import logging
+import os
+import os.path as osp
+
+import torch
+from mmengine.config import Config, DictAction
+from mmengine.logging import print_log
+from mmengine.registry import RUNNERS
+from mmengine.runner import Runner
+
+import mmdata_plugin  # noqa: F401  (registers components, safe ckpt loading)
+from mmdata_plugin.utils import prepare_distributed, trust_checkpoint
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(
+        description='Train a model with mmengine and mmdata_plugin')
+    parser.add_argument('config', help='train config file path')
+    parser.add_argument(
+        '--work-dir', help='the dir to save logs and checkpoints')
+    parser.add_argument(
+        '--resume',
+        nargs='?',
+        type=str,
+        const='auto',
+        help='resume from this checkpoint; without a path, resume from the '
+        'latest checkpoint in the work dir')
+    parser.add_argument(
+        '--amp',
+        action='store_true',
+        help='mixed precision: fp16 AMP on GPU, bf16 autocast on CPU')
+    parser.add_argument(
+        '--auto-scale-lr',
+        action='store_true',
+        help='scale the learning rate with the total batch size')
+    parser.add_argument(
+        '--trust-checkpoint',
+        action='append',
+        default=[],
+        metavar='PATH',
+        help='load this checkpoint without weights_only restrictions (only '
+        'for files you trust, e.g. written by stock mmengine); repeatable')
+    parser.add_argument(
+        '--cfg-options',
+        nargs='+',
+        action=DictAction,
+        help='override settings of the config, key=value pairs, e.g. '
+        'train_cfg.max_iters=100 train_dataloader.num_workers=4')
+    parser.add_argument(
+        '--launcher',
+        choices=['none', 'pytorch', 'slurm'],
+        default='none',
+        help='job launcher')
+    # torch.distributed.launch (used by `mim train --launcher pytorch`)
+    # passes --local-rank; torchrun sets LOCAL_RANK instead.
+    parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
+    args = parser.parse_args()
+    os.environ.setdefault('LOCAL_RANK', str(args.local_rank))
+    return args
+
+
+def enable_amp(cfg: Config) -> None:
+    optim_wrapper = cfg.optim_wrapper.get('type', 'OptimWrapper')
+    if optim_wrapper in ('AmpOptimWrapper', 'CPUAutocastOptimWrapper'):
+        print_log(
+            f'AMP is already enabled ({optim_wrapper}).',
+            logger='current',
+            level=logging.WARNING)
+        return
+    if optim_wrapper != 'OptimWrapper':
+        raise ValueError(
+            f'--amp only replaces a plain OptimWrapper, but the config uses '
+            f'optim_wrapper.type={optim_wrapper!r}')
+    if torch.cuda.is_available():
+        cfg.optim_wrapper.type = 'AmpOptimWrapper'
+        cfg.optim_wrapper.loss_scale = 'dynamic'
+    else:
+        cfg.optim_wrapper.type = 'CPUAutocastOptimWrapper'
+
+
+def merge_args(cfg: Config, args) -> Config:
+    cfg.launcher = args.launcher
+    if args.cfg_options is not None:
+        cfg.merge_from_dict(args.cfg_options)
+    if args.work_dir is not None:
+        cfg.work_dir = args.work_dir
+    elif cfg.get('work_dir', None) is None:
+        cfg.work_dir = osp.join('./work_dirs',
+                                osp.splitext(osp.basename(args.config))[0])
+    if args.amp:
+        enable_amp(cfg)
+    if args.auto_scale_lr:
+        if 'auto_scale_lr' not in cfg or 'base_batch_size' not in cfg.get(
+                'auto_scale_lr', {}):
+            raise RuntimeError('--auto-scale-lr needs `auto_scale_lr.'
+                               'base_batch_size` in the config')
+        cfg.auto_scale_lr.enable = True
+    if args.resume == 'auto':
+        cfg.resume = True
+        cfg.load_from = None
+    elif args.resume is not None:
+        cfg.resume = True
+        cfg.load_from = args.resume
+    return cfg
+
+
+def main():
+    args = parse_args()
+    for path in args.trust_checkpoint:
+        trust_checkpoint(path)
+    cfg = merge_args(Config.fromfile(args.config), args)
+    prepare_distributed(cfg, args.launcher)
+    if 'runner_type' in cfg:
+        runner = RUNNERS.build(cfg)
+    else:
+        runner = Runner.from_cfg(cfg)
+    runner.train()
+
+
+if __name__ == '__main__':
+    main()
