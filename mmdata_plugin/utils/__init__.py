@@ -3,9 +3,11 @@ from .checkpoint_safety import (TRUSTED_CHECKPOINTS_ENV, UnsafeCheckpointError,
                                 load_from_local_safely, trust_checkpoint)
 from .demo_data import make_demo_dataset
 from .dist import prepare_distributed
+from .sample_index import SampleIndex, with_fields
 
 __all__ = [
     'TRUSTED_CHECKPOINTS_ENV', 'UnsafeCheckpointError',
     'install_safe_checkpoint_loading', 'load_from_local_safely',
-    'trust_checkpoint', 'make_demo_dataset', 'prepare_distributed'
+    'trust_checkpoint', 'make_demo_dataset', 'prepare_distributed',
+    'SampleIndex', 'with_fields'
 ]
