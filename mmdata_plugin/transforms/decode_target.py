@@ -18,8 +18,9 @@ LOADER_TYPES = ('LoadImageFromFile', 'LoadImageFromFileReduced')
 # Transforms that only read or filter annotations may sit between the
 # loader and the resize: annotations stay in original coordinates there.
 _ANNOTATION_ONLY = re.compile(r'Load\w*Annotations|FilterAnnotations')
-# A long-side bound that never binds (ResizeEdge(edge='short')).
-_UNBOUNDED = 1 << 20
+# A long-side bound that never binds: Resize(scale=(S, UNBOUNDED_SIDE),
+# keep_ratio=True) sets the short side to S.
+UNBOUNDED_SIDE = 1 << 20
 
 Scale = Tuple[int, int]
 
@@ -147,7 +148,7 @@ def _from_resize_edge(cfg: dict) -> Tuple[Scale, bool]:
     side = cfg['scale']
     edge = cfg.get('edge', 'short')
     rules = {
-        'short': ((side, _UNBOUNDED), True),
+        'short': ((side, UNBOUNDED_SIDE), True),
         'long': ((side, side), True),
         # Without keep_ratio a scale is a lower bound per side.
         'width': ((side, 1), False),

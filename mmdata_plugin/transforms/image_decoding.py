@@ -5,8 +5,9 @@ block at N/8 of its size straight from the coefficients, skipping most of
 the inverse DCT, the colour conversion and the memory traffic of the full
 image. OpenCV exposes 1/2, 1/4 and 1/8 (``IMREAD_REDUCED_*``), Pillow the
 same through ``Image.draft``, and libjpeg-turbo's own API (PyTurboJPEG, when
-installed) every N/8. The reduced image covers the whole picture: the
-content at original pixel ``x`` lands at ``x * N/8``.
+installed) every N/8, of which the power-of-two ones are fast. The reduced
+image covers the whole picture: the content at original pixel ``x`` lands
+at ``x * N/8``.
 
 Every other format, and JPEGs a backend cannot reduce in the requested
 colour type, go through :func:`mmcv.imfrombytes` unchanged, so the output is
@@ -103,14 +104,19 @@ def check_backend(backend: str, color_type: str) -> None:
 
 
 def backend_reductions(backend: str) -> Tuple[Fraction, ...]:
-    """The decode scales a backend offers, smallest first, 1 included."""
+    """The decode scales used with a backend, smallest first, 1 included.
+
+    Only 1/8, 1/4 and 1/2: libjpeg-turbo has SIMD code for these scaled
+    inverse DCTs (1/8 keeps the DC term only), while its other N/8 scales
+    run in plain C and decoded slower than a full decode when measured
+    (docs/reduced_decoding.md), so turbojpeg's 3/8, 5/8 ... are not used.
+    """
     if backend == 'turbojpeg':
-        factors = turbojpeg_decoder().scaling_factors
-        return tuple(
-            sorted({
-                Fraction(num, denom)
-                for num, denom in factors if num <= denom
-            }))
+        offered = {
+            Fraction(num, denom)
+            for num, denom in turbojpeg_decoder().scaling_factors
+        }
+        return tuple(r for r in _POWER_OF_TWO_REDUCTIONS if r in offered)
     if backend in ('cv2', 'pillow'):
         return _POWER_OF_TWO_REDUCTIONS
     return (Fraction(1), )

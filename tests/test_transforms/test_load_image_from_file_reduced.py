@@ -140,12 +140,14 @@ def test_decodes_at_smallest_scale_still_at_least_the_target(images):
 @pytest.mark.skipif(
     'turbojpeg' not in available_backends(),
     reason='PyTurboJPEG with libturbojpeg is not installed (optional)')
-def test_turbojpeg_uses_eighths_scales(images):
+def test_turbojpeg_uses_only_its_fast_power_of_two_scales(images):
+    assert image_decoding.backend_reductions('turbojpeg') == (
+        Fraction(1, 8), Fraction(1, 4), Fraction(1, 2), Fraction(1))
     results = LoadImageFromFileReduced(
         scale=(200, 4096), keep_ratio=True,
         imdecode_backend='turbojpeg')(dict(img_path=images['720p.jpg']))
-    assert results['img'].shape == (270, 480, 3)  # 3/8, not cv2's 1/2
-    assert results['scale_factor'] == (0.375, 0.375)
+    assert results['img'].shape == (360, 640, 3)  # 1/2, not the slow 3/8
+    assert results['scale_factor'] == (0.5, 0.5)
 
 
 def test_missing_turbojpeg_is_a_clear_error(monkeypatch):
