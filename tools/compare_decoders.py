@@ -19,7 +19,9 @@ from mmengine.registry import DATASETS, init_default_scope
 import mmdata_plugin  # noqa: F401  (registers the package's components)
 from mmdata_plugin.transforms import (LoadImageFromFileReduced,
                                       decode_target_from_pipeline)
-from mmdata_plugin.transforms.decode_target import UNBOUNDED_SIDE
+from mmdata_plugin.transforms.decode_target import (LOADER_TYPES,
+                                                    UNBOUNDED_SIDE,
+                                                    transform_type)
 from mmdata_plugin.transforms.image_decoding import (DECODE_BACKENDS,
                                                      available_backends,
                                                      decode_image)
@@ -85,10 +87,15 @@ def files_in_folder(folder: str, num: int, seed: int) -> List[str]:
 
 
 def find_pipeline(dataset_cfg: dict) -> Optional[list]:
-    """The pipeline of a dataset config, looking into dataset wrappers."""
+    """The pipeline of a dataset config, looking into dataset wrappers and
+    into a ReducedDecodePipeline wrapping the whole pipeline."""
     while dataset_cfg is not None:
         if dataset_cfg.get('pipeline'):
-            return list(dataset_cfg['pipeline'])
+            pipeline = list(dataset_cfg['pipeline'])
+            if len(pipeline) == 1 and transform_type(
+                    pipeline[0]) == 'ReducedDecodePipeline':
+                pipeline = list(pipeline[0]['transforms'])
+            return pipeline
         dataset_cfg = dataset_cfg.get('dataset')
     return None
 
@@ -112,8 +119,7 @@ def files_from_config(args) -> Tuple[List[str], Optional[list], str]:
 
 def loader_cfg(pipeline: Optional[list]) -> dict:
     for cfg in pipeline or []:
-        if str(cfg.get('type', '')).rsplit('.', 1)[-1].startswith(
-                'LoadImageFromFile'):
+        if transform_type(cfg) in LOADER_TYPES:
             return cfg
     return {}
 

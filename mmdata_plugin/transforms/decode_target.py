@@ -128,9 +128,13 @@ def _from_random_resize(cfg: dict) -> Tuple[Scale, bool]:
         width, height = _as_wh(scale, 'RandomResize.scale')
         top = max(ratio_range)
         largest = math.ceil(width * top), math.ceil(height * top)
-    else:
+    elif (isinstance(scale, (list, tuple)) and len(scale) == 2
+          and all(isinstance(s, (list, tuple)) for s in scale)):
         largest = _elementwise_max(
             [_as_wh(s, 'RandomResize.scale') for s in scale])
+    else:
+        raise ValueError('RandomResize needs ratio_range, or a scale range '
+                         f'[(w1, h1), (w2, h2)]; got scale={scale!r}')
     return largest, cfg.get('keep_ratio', False)
 
 

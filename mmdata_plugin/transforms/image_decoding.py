@@ -135,8 +135,8 @@ def choose_reduction(width: int, height: int, min_width: int,
     """The smallest reduction whose image is at least the minimum size."""
     for reduction in reductions:
         red_w, red_h = reduced_size(width, height, reduction)
-        # A scale with fewer than one source block per output pixel row is
-        # not offered by every decoder (Pillow's draft); skip it.
+        # Pillow's draft is asked for side // denominator pixels, which must
+        # not be 0: keep both sides at least one pixel at every decoder.
         if (min(width, height) * reduction >= 1 and red_w >= min_width
                 and red_h >= min_height):
             return reduction
@@ -223,7 +223,10 @@ def _decode_cv2(content: bytes, header: JpegHeader, color_type: str,
     flag = _CV2_REDUCED_FLAGS[(gray, reduction.denominator)]
     if color_type not in _ORIENTED_COLOR_TYPES:
         flag |= cv2.IMREAD_IGNORE_ORIENTATION
-    return cv2.imdecode(np.frombuffer(content, np.uint8), flag)
+    try:
+        return cv2.imdecode(np.frombuffer(content, np.uint8), flag)
+    except cv2.error as error:
+        raise ValueError(f'cv2: {error}') from error
 
 
 def _decode_pillow(content: bytes, header: JpegHeader, color_type: str,
@@ -264,9 +267,11 @@ def _decode_with_mmcv(content: bytes, color_type: str,
                       backend: str) -> np.ndarray:
     if backend == 'turbojpeg':
         backend = 'cv2'  # turbojpeg reads JPEG only
+    if not content:
+        raise ValueError('the file is empty')
     try:
         img = mmcv.imfrombytes(content, flag=color_type, backend=backend)
-    except OSError as error:
+    except (OSError, cv2.error) as error:
         raise ValueError(f'{backend}: {error}') from error
     if img is None:
         raise ValueError(f'{backend} could not decode it (not an image, or '

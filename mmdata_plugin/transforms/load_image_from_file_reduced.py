@@ -8,7 +8,7 @@ import numpy as np
 from mmcv.transforms import BaseTransform
 from mmengine.registry import TRANSFORMS
 
-from .image_decoding import check_backend, decode_image
+from . import image_decoding
 
 # Sample keys that hold, or lead to, annotations in original-image pixel
 # coordinates (mmcv/mmdet/mmseg/mmpose data infos and loaded annotations).
@@ -80,7 +80,7 @@ class LoadImageFromFileReduced(BaseTransform):
         if len(self.scale) != 2 or min(self.scale) <= 0:
             raise ValueError('scale must be a positive int or (w, h), got '
                              f'{scale!r}')
-        check_backend(imdecode_backend, color_type)
+        image_decoding.check_backend(imdecode_backend, color_type)
         if file_client_args is not None:
             warnings.warn(
                 '"file_client_args" will be deprecated in future. '
@@ -116,9 +116,11 @@ class LoadImageFromFileReduced(BaseTransform):
                 return None
             raise
         try:
-            decoded = decode_image(content, self.color_type,
-                                   self.imdecode_backend,
-                                   self.min_decoded_size)
+            # Called through the module, as mmcv calls mmcv.imfrombytes, so
+            # that profilers can wrap the decode step.
+            decoded = image_decoding.decode_image(content, self.color_type,
+                                                  self.imdecode_backend,
+                                                  self.min_decoded_size)
         except ValueError as error:
             if self.ignore_empty:
                 return None

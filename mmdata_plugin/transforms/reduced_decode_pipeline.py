@@ -30,7 +30,8 @@ class ReducedDecodePipeline(Compose):
       the resized one, as without reduced decoding. Annotations loaded
       after the resize (test pipelines) stay in original coordinates.
 
-    Every other transform runs as it would in the wrapped pipeline.
+    Every other transform runs as it would in the wrapped pipeline. A
+    ``LoadImageFromFileReduced`` given with its own ``scale`` keeps it.
 
     Args:
         transforms (list[dict]): The pipeline, as configs (the loader and

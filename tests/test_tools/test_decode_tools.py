@@ -42,6 +42,25 @@ def test_compare_decoders_on_the_demo_config(train_env):
     assert float(_table_row(out, 'cv2 reduced', 'pixel difference')[2]) > 30
 
 
+def test_compare_decoders_reads_the_size_from_a_wrapped_pipeline(
+        tmp_path, train_env):
+    config = tmp_path / 'wrapped.py'
+    config.write_text(
+        f'_base_ = [{DEMO_CONFIG!r}]\n'
+        "_plain = [dict(type='LoadImageFromFile')] + "
+        '_base_.val_pipeline[1:]\n'
+        'val_dataloader = dict(dataset=dict(pipeline=[dict('
+        "type='ReducedDecodePipeline', transforms=_plain)]))\n")
+    out = run_command([
+        sys.executable, COMPARE,
+        str(config), '--split', 'val', '--num-files', '4', '--repeats', '1'
+    ],
+                      env=train_env).stdout
+    assert '4 of 32 files of the val dataset' in out
+    assert ('at least scale=(72, 4096), keep_ratio=True (from the pipeline '
+            'resize)') in out
+
+
 def test_compare_decoders_on_a_folder_reports_broken_files(
         tmp_path, train_env):
     folder = tmp_path / 'photos'

@@ -51,6 +51,7 @@ def test_annotation_loaders_may_sit_between_loader_and_resize():
     ([LOAD, dict(type='RandomResize', scale=(8, 8), ratio_range=(1, 2),
                  resize_type='FixShapeResize')], 'resize_type'),
     ([LOAD, dict(type='ResizeEdge', scale=8, edge='diagonal')], 'edge'),
+    ([LOAD, dict(type='RandomResize', scale=(8, 8))], 'ratio_range'),
     ([LOAD, dict(type='Resize', scale=(8, 8, 8))], 'Resize.scale'),
 ])
 def test_pipelines_it_cannot_speed_up_are_refused(pipeline, message):

@@ -67,6 +67,7 @@ def images(tmp_path_factory):
     png = cv2.imencode('.png', other)[1].tobytes()
     put('truncated.png', png[:len(png) // 2])
     put('not_an_image.png', b'just some text\n' * 10)
+    put('empty.jpg', b'')
     return paths
 
 
@@ -205,7 +206,7 @@ def test_to_float32(images):
 
 @pytest.mark.parametrize(
     'name', ['truncated.jpg', 'corrupt.jpg', 'truncated.png',
-             'not_an_image.png'])
+             'not_an_image.png', 'empty.jpg'])
 @pytest.mark.parametrize('backend', available_backends())
 def test_broken_files_raise_an_error_naming_the_path(images, name, backend):
     loader = LoadImageFromFileReduced(scale=64, imdecode_backend=backend)
@@ -285,3 +286,19 @@ def test_pillow_draft_reduction_matches_the_reported_scale():
             reversed(image_decoding.reduced_size(1001, 751, reduction)))
     assert Fraction(1, 8) in image_decoding.backend_reductions('cv2')
     assert np.asarray(Image.open(io.BytesIO(data))).shape == (751, 1001, 3)
+
+
+def test_decoder_disagreeing_with_the_header_falls_back_to_full_size(
+        images, monkeypatch):
+    """If a decoder read EXIF orientation differently from our parser, the
+    reduced shape would not match; the full decode then tells the truth."""
+    read_header = image_decoding.read_jpeg_header
+    monkeypatch.setattr(
+        image_decoding, 'read_jpeg_header',
+        lambda content: read_header(content)._replace(orientation=6))
+    with pytest.warns(UserWarning, match='decoding it at full size'):
+        results = LoadImageFromFileReduced(
+            scale=64, keep_ratio=True)(dict(img_path=images['720p.jpg']))
+    assert results['img'].shape == (720, 1280, 3)
+    assert results['ori_shape'] == (720, 1280)
+    assert results['scale_factor'] == (1.0, 1.0)
