@@ -247,6 +247,11 @@ def test_reads_go_through_mmengine_fileio_backends(images):
             dict(img_path='mem://frame.jpg'))
     assert results['ori_shape'] == (720, 1280)
     assert results['img'].shape == (90, 160, 3)
+    with pytest.warns(DeprecationWarning, match='file_client_args'):
+        old_style = LoadImageFromFileReduced(
+            scale=64, keep_ratio=True, file_client_args=dict(backend='disk'))
+    assert old_style(dict(img_path=images['720p.jpg']))['img'].shape == (
+        90, 160, 3)
 
 
 def test_samples_with_annotations_need_the_pipeline_wrapper(images):
