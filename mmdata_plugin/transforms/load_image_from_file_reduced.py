@@ -21,10 +21,9 @@ GEOMETRIC_ANNOTATION_KEYS = ('instances', 'gt_bboxes', 'gt_masks',
 class LoadImageFromFileReduced(BaseTransform):
     """Load an image like ``LoadImageFromFile``, decoding JPEGs reduced.
 
-    JPEGs are decoded at the smallest DCT scale (1/8, 1/4, 1/2 with cv2 and
-    Pillow; any N/8 with turbojpeg) whose image is still at least as large
-    as what the resize that follows will output, so that resize only ever
-    shrinks. Other formats are decoded at full size by
+    JPEGs are decoded at the smallest DCT scale (1/8, 1/4, 1/2) whose image
+    is still at least as large as what the resize that follows will output,
+    so that resize only ever shrinks. Other formats are decoded at full size by
     :func:`mmcv.imfrombytes`, exactly as ``LoadImageFromFile`` does.
 
     Set ``scale`` and ``keep_ratio`` to those of the absolute resize that
