@@ -34,6 +34,12 @@ def _builders(demo_root):
         (dict(data_root=demo_root, ann_file='val.txt'), {}),
         ('TRANSFORMS', 'RandomImageCrop'): (dict(crop_size=8), {}),
         ('TRANSFORMS', 'PackImageLabelInputs'): (dict(), {}),
+        ('TRANSFORMS', 'LoadImageFromFileReduced'):
+        (dict(scale=(64, 4096), keep_ratio=True), {}),
+        ('TRANSFORMS', 'ReducedDecodePipeline'): (dict(transforms=[
+            dict(type='LoadImageFromFile'),
+            dict(type='Resize', scale=(64, 4096), keep_ratio=True)
+        ]), {}),
         ('METRICS', 'SingleLabelAccuracy'): (dict(), {}),
         ('OPTIM_WRAPPERS', 'CPUAutocastOptimWrapper'):
         (dict(optimizer=torch.optim.SGD(torch.nn.Linear(2, 2).parameters(),

@@ -3,11 +3,14 @@ from .checkpoint_safety import (TRUSTED_CHECKPOINTS_ENV, UnsafeCheckpointError,
                                 load_from_local_safely, trust_checkpoint)
 from .demo_data import make_demo_dataset
 from .dist import prepare_distributed
+from .image_quality import PixelDifference, pixel_difference
 from .sample_index import SampleIndex, with_fields
+from .synthetic_images import camera_like_image, encode_jpeg
 
 __all__ = [
     'TRUSTED_CHECKPOINTS_ENV', 'UnsafeCheckpointError',
     'install_safe_checkpoint_loading', 'load_from_local_safely',
     'trust_checkpoint', 'make_demo_dataset', 'prepare_distributed',
-    'SampleIndex', 'with_fields'
+    'SampleIndex', 'with_fields', 'PixelDifference', 'pixel_difference',
+    'camera_like_image', 'encode_jpeg'
 ]

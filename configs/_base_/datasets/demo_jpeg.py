@@ -6,8 +6,13 @@ crop_size = 64
 metainfo = dict(classes=('circle', 'square', 'triangle', 'ring', 'cross',
                          'diamond', 'horizontal bar', 'vertical bar'))
 
+# LoadImageFromFileReduced is LoadImageFromFile that decodes each JPEG at
+# the smallest DCT scale (1/2, 1/4, 1/8) still at least as large as what the
+# resize after it outputs: the 720p/1080p frames are decoded at 1/8, not in
+# full (docs/reduced_decoding.md). Its scale/keep_ratio are the resize's
+# largest output: here RandomResize's scale times the top of ratio_range.
 train_pipeline = [
-    dict(type='LoadImageFromFile'),
+    dict(type='LoadImageFromFileReduced', scale=(87, 4916), keep_ratio=True),
     # Short side to ~72 px (mmcv's idiom: a huge long-side bound), jittered.
     dict(
         type='RandomResize',
@@ -20,7 +25,7 @@ train_pipeline = [
 ]
 
 val_pipeline = [
-    dict(type='LoadImageFromFile'),
+    dict(type='LoadImageFromFileReduced', scale=(72, 4096), keep_ratio=True),
     dict(type='Resize', scale=(72, 4096), keep_ratio=True),
     dict(type='CenterCrop', crop_size=crop_size),
     dict(type='PackImageLabelInputs'),
