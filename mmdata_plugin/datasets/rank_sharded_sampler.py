@@ -48,6 +48,9 @@ class _RankStream(Sampler):
         self.shuffle = shuffle
         # Identical on all ranks, or the ranks would permute differently.
         self.seed = sync_random_seed() if seed is None else int(seed)
+        if rounds < 4:
+            raise ValueError(f'rounds must be >= 4 for a well-mixed '
+                             f'permutation, got {rounds}')
         self.rounds = rounds
         if not isinstance(mini_epochs, int) or mini_epochs < 1:
             raise ValueError(
