@@ -288,7 +288,8 @@ class RankShardedDataset(BaseDataset):
             self._shard_writer = ShardFileWriter(
                 self.shard_dir or tempfile.gettempdir(), self._index.ann_file,
                 self._index.spans)
-        keys = np.unique(indices)
+        keys = np.sort(indices)
+        keys = keys[np.concatenate([[True], keys[1:] != keys[:-1]])]
         return self._shard_writer.write(keys, self._line_ids_of(keys))
 
     def _line_ids_of(self, keys: np.ndarray) -> np.ndarray:

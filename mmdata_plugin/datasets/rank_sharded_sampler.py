@@ -109,8 +109,9 @@ class _RankStream(Sampler):
         """Yield ``ids`` as ints, or tagged with their shard file."""
         if self._materialize:
             shard = self.dataset.write_shard(ids)
-            for index in ids.tolist():
-                yield SampleIndex(index, shard=shard)
+            for start in range(0, ids.size, _BLOCK):
+                for index in ids[start:start + _BLOCK].tolist():
+                    yield SampleIndex(index, shard=shard)
         else:
             yield from ids.tolist()
 
