@@ -18,7 +18,7 @@ numpy (used to index 1e9-line files); it takes a vectorised fast path only
 for lines that the per-line functions would accept with the same result, and
 hands every other line to them, so both always agree.
 """
-from typing import Iterator, Tuple
+from typing import Iterator, Optional, Tuple
 
 import numpy as np
 
@@ -72,14 +72,20 @@ def check_json_object_line(line: str, filename: str, lineno: int) -> None:
             f'{text[:80]!r}')
 
 
+def _sample_text(raw: bytes, filename: str, lineno: int) -> Optional[str]:
+    """The decoded line, or None if it is blank."""
+    line = decode_line(raw, filename, lineno)
+    return line if line.strip() else None
+
+
 def is_sample_line(raw: bytes, fmt: str, filename: str, lineno: int) -> bool:
     """Whether one raw line is a sample (True) or blank (False).
 
     Raises:
         AnnotationFormatError: If the line is neither, naming file and line.
     """
-    line = decode_line(raw, filename, lineno)
-    if not line.strip():
+    line = _sample_text(raw, filename, lineno)
+    if line is None:
         return False
     if fmt == 'lines':
         parse_path_label(line, filename, lineno)
@@ -92,8 +98,8 @@ def iter_path_labels(filename: str) -> Iterator[Tuple[int, str, int]]:
     """Yield ``(lineno, path, label)`` for every sample line of a file."""
     with open(filename, 'rb') as file:
         for lineno, raw in enumerate(file, 1):
-            if is_sample_line(raw, 'lines', filename, lineno):
-                line = raw.decode('utf-8')
+            line = _sample_text(raw, filename, lineno)
+            if line is not None:
                 path, label = parse_path_label(line, filename, lineno)
                 yield lineno, path, label
 
@@ -113,12 +119,18 @@ def _skip_back(buf: np.ndarray, pos: np.ndarray, floor: np.ndarray,
                table: np.ndarray) -> np.ndarray:
     """Move each ``pos`` (an exclusive end) back over bytes in ``table``."""
     pos = pos.copy()
-    active = np.flatnonzero(pos > floor)
+    # Whole-array steps are cheapest while most lines still move (runs are
+    # short: a label, a line end); long runs finish on the moving lines only.
+    for _ in range(8):
+        move = table[buf[pos - 1]] & (pos > floor)
+        if not move.any():
+            return pos
+        pos -= move
+    active = np.flatnonzero(table[buf[pos - 1]] & (pos > floor))
     while active.size:
-        moves = table[buf[pos[active] - 1]]
-        active = active[moves]
         pos[active] -= 1
-        active = active[pos[active] > floor[active]]
+        active = active[table[buf[pos[active] - 1]] & (pos[active] >
+                                                       floor[active])]
     return pos
 
 

@@ -46,7 +46,10 @@ def test_reads_like_image_list_dataset(tmp_path):
 
 def test_base_dataset_behaviour(tmp_path):
     ours = _dataset(
-        tmp_path, metainfo=dict(classes=('a', 'b')), pipeline=[], lazy_init=True)
+        tmp_path,
+        metainfo=dict(classes=('a', 'b')),
+        pipeline=[],
+        lazy_init=True)
     assert not ours._fully_initialized
     assert len(ours) == 5  # full_init on demand
     assert ours.metainfo == dict(classes=('a', 'b'))
