@@ -17,9 +17,11 @@ import json
 import os
 import os.path as osp
 import socket
+import time
 from typing import Callable, Dict, List, Tuple
 
 import numpy as np
+from mmengine.logging import print_log
 
 _MAGIC = b'MMDSHRD1'
 _HEADER_SIZE = 4096
@@ -63,6 +65,7 @@ class ShardFileWriter:
             keys (np.ndarray): Sorted unique dataset indices.
             line_ids (np.ndarray): The sample line of each key.
         """
+        start = time.perf_counter()
         os.makedirs(self.shard_dir, exist_ok=True)
         if not self._swept:
             _remove_orphans(self.shard_dir)
@@ -85,6 +88,11 @@ class ShardFileWriter:
             out.write(data_at[inverse + 1].astype('<i8').tobytes())
             _copy_spans(src.fileno(), out, starts, ends)
         os.replace(tmp_path, path)
+        print_log(
+            f'Shard file {path}: {keys.size} samples, '
+            f'{(data_at[-1] + 3 * 8 * keys.size) / 1e6:.1f} MB, read from '
+            f'{self.ann_file} in {time.perf_counter() - start:.2f} s',
+            logger='current')
         self._written.append(path)
         while len(self._written) > 2:
             _remove(self._written.pop(0))

@@ -164,9 +164,8 @@ class RankShardedDataset(BaseDataset):
         shard = getattr(idx, 'shard', None)
         idx = self._check_index(int(idx))
         line = int(self._line_ids[idx])
-        if shard:
-            raw = self._shard_readers.get(shard).read(idx)
-        else:
+        raw = self._read_shard(shard, idx) if shard else None
+        if raw is None:
             raw = self._index.read(line)
         # The index build validated every line (UTF-8, format) with the
         # rules of annotation_lines, and LineIndex refuses a changed file.
@@ -174,6 +173,15 @@ class RankShardedDataset(BaseDataset):
         data_info = self._parse(text, line)
         data_info['sample_idx'] = idx
         return data_info
+
+    def _read_shard(self, shard: str, idx: int) -> Optional[bytes]:
+        try:
+            return self._shard_readers.get(shard).read(idx)
+        except FileNotFoundError:
+            # Removed already: a worker lagged more than a whole part behind
+            # the sampler (tiny parts, deep prefetch). Same bytes, read from
+            # the annotation file instead.
+            return None
 
     def _parse(self, text: str, line: int) -> dict:
         if self._format == 'lines':
