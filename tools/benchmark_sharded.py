@@ -31,7 +31,10 @@ APPROACHES = ('ours', 'ours+shards', 'basedataset', 'rank_dataset')
 
 
 def parse_args():
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(
+        description='Memory (summed PSS/USS) and startup of '
+        'RankShardedDataset vs BaseDataset+DefaultSampler vs the '
+        'rank_dataset approach, W ranks x K workers')
     parser.add_argument('--lines', type=float, default=1e7)
     parser.add_argument('--ranks', type=int, default=2)
     parser.add_argument('--workers', type=int, default=4)

@@ -221,7 +221,8 @@ def index_build_lock(index_path: str) -> Iterator[None]:
     Node-local (in the temp dir) so that it works whatever file system the
     index is on; across nodes, atomic renames keep concurrent builds safe.
     """
-    lock_dir = osp.join(tempfile.gettempdir(), 'mmdata_plugin_locks')
+    lock_dir = osp.join(tempfile.gettempdir(),
+                        f'mmdata_plugin_locks-{os.getuid()}')
     os.makedirs(lock_dir, exist_ok=True)
     key = hashlib.sha1(osp.abspath(index_path).encode()).hexdigest()
     with open(osp.join(lock_dir, key + '.lock'), 'a') as lock:

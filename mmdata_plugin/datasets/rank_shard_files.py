@@ -70,22 +70,22 @@ class ShardFileWriter:
         if not self._swept:
             _remove_orphans(self.shard_dir)
             self._swept = True
-        if np.all(np.diff(line_ids) > 0):  # no subset, or a sorted one
-            lines, inverse = line_ids, np.arange(line_ids.size)
+        # Lines are copied once each, in file order; keys point into them.
+        if np.all(line_ids[1:] > line_ids[:-1]):  # no subset, or sorted
+            lines, inverse = line_ids, slice(None)
         else:
             lines, inverse = np.unique(line_ids, return_inverse=True)
         starts, ends = self.spans(lines)
-        lengths = ends - starts
         data_at = np.zeros(lines.size + 1, np.int64)
-        np.cumsum(lengths, out=data_at[1:])
+        np.cumsum(ends - starts, out=data_at[1:])
         path = self._name()
         tmp_path = path + '.tmp'
         with open(tmp_path, 'wb') as out, open(self.ann_file, 'rb') as src:
             header = _MAGIC + json.dumps(dict(count=int(keys.size))).encode()
             out.write(header.ljust(_HEADER_SIZE, b'\0'))
             out.write(keys.astype('<i8').tobytes())
-            out.write(data_at[inverse].astype('<i8').tobytes())
-            out.write(data_at[inverse + 1].astype('<i8').tobytes())
+            for bounds in (data_at[:-1], data_at[1:]):
+                out.write(bounds[inverse].astype('<i8', copy=False).tobytes())
             _copy_spans(src.fileno(), out, starts, ends)
         os.replace(tmp_path, path)
         print_log(

@@ -16,7 +16,7 @@ take interleaved positions, like mmengine's samplers, so the stream does not
 depend on ``W``: a run resumed with another world size continues it.
 """
 import math
-from typing import Iterator, Optional, Sized
+from typing import Callable, Iterator, Optional, Sized
 
 import numpy as np
 from mmengine.dist import get_dist_info, sync_random_seed
@@ -93,27 +93,42 @@ class _RankStream(Sampler):
         """Sample ids at permutation ``positions`` of pass ``perm_epoch``."""
         if not self.shuffle:
             return positions
-        permutation = self._permutations.get(perm_epoch)
+        # Keyed by the seed too: a resume may re-apply a checkpoint's seed.
+        key = (self.seed, perm_epoch)
+        permutation = self._permutations.get(key)
         if permutation is None:
             # Two passes can be live at a pass boundary; keep just those.
             self._permutations = {
-                e: p
-                for e, p in self._permutations.items() if e == perm_epoch - 1
+                k: p
+                for k, p in self._permutations.items()
+                if k == (self.seed, perm_epoch - 1)
             }
             permutation = IndexPermutation(self.size, self.seed, perm_epoch,
                                            self.rounds)
-            self._permutations[perm_epoch] = permutation
+            self._permutations[key] = permutation
         return permutation(positions)
 
-    def _emit(self, ids: np.ndarray) -> Iterator[int]:
-        """Yield ``ids`` as ints, or tagged with their shard file."""
-        if self._materialize:
-            shard = self.dataset.write_shard(ids)
-            for start in range(0, ids.size, _BLOCK):
-                for index in ids[start:start + _BLOCK].tolist():
-                    yield SampleIndex(index, shard=shard)
-        else:
-            yield from ids.tolist()
+    def _yield_ids(self, count: int,
+                   id_block: Callable[[int, int], np.ndarray]) -> Iterator:
+        """Yield the ids of this rank's next ``count`` positions.
+
+        ``id_block(a, b)`` maps the rank's positions ``a..b-1`` to ids; it is
+        called block by block, so memory stays at one block -- except with a
+        materialising dataset, which first gets the whole share written to a
+        shard file (8 bytes per id) and each index tagged with that file.
+        """
+        blocks = ((k, min(k + _BLOCK, count)) for k in range(0, count, _BLOCK))
+        if not self._materialize:
+            for a, b in blocks:
+                yield from id_block(a, b).tolist()
+            return
+        ids = np.empty(count, np.int64)
+        for a, b in blocks:
+            ids[a:b] = id_block(a, b)
+        shard = self.dataset.write_shard(ids)
+        for start in range(0, count, _BLOCK):
+            for index in ids[start:start + _BLOCK].tolist():
+                yield SampleIndex(index, shard=shard)
 
 
 @DATA_SAMPLERS.register_module()
@@ -178,16 +193,10 @@ class RankShardedSampler(_RankStream):
         lo, hi = self._part_bounds(part)
         count = max(0, -(-(self.total_size - start) // self.world_size))
         first = start + self.rank
-        if self._materialize:
-            positions = first + self.world_size * np.arange(count)
-            yield from self._emit(
-                self._ids(perm_epoch, lo + positions % (hi - lo)))
-            return
-        for k in range(0, count, _BLOCK):
-            positions = first + self.world_size * np.arange(
-                k, min(k + _BLOCK, count))
-            yield from self._emit(
-                self._ids(perm_epoch, lo + positions % (hi - lo)))
+        yield from self._yield_ids(
+            count, lambda a, b: self._ids(
+                perm_epoch, lo +
+                (first + self.world_size * np.arange(a, b)) % (hi - lo)))
 
 
 @DATA_SAMPLERS.register_module()
@@ -229,15 +238,9 @@ class RankShardedInfiniteSampler(_RankStream):
             _, hi = self._part_bounds(part)
             count = -(-(perm_epoch * self.size + hi - position) //
                       self.world_size)
-            if self._materialize:
-                positions = position + self.world_size * np.arange(count)
-                yield from self._emit(
-                    self._ids(perm_epoch, positions - perm_epoch * self.size))
-            else:
-                for k in range(0, count, _BLOCK):
-                    positions = position + self.world_size * np.arange(
-                        k, min(k + _BLOCK, count))
-                    yield from self._emit(
-                        self._ids(perm_epoch,
-                                  positions - perm_epoch * self.size))
+            pass_start = position - perm_epoch * self.size
+            yield from self._yield_ids(
+                count, lambda a, b: self._ids(
+                    perm_epoch,
+                    pass_start + self.world_size * np.arange(a, b)))
             position += count * self.world_size

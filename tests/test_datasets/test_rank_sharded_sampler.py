@@ -177,3 +177,11 @@ def test_bad_arguments(kwargs, match):
         RankShardedSampler(range(10), seed=0, **kwargs)
     with pytest.raises(ValueError, match='global_offset'):
         RankShardedSampler(range(10), seed=0).fast_forward(-1)
+
+
+def test_a_seed_set_after_build_takes_effect(monkeypatch):
+    (sampler, ) = _ranks(RankShardedSampler, 100, 1, monkeypatch, seed=1)
+    first = list(sampler)
+    sampler.seed = 2  # e.g. re-applied from a checkpoint on resume
+    (other, ) = _ranks(RankShardedSampler, 100, 1, monkeypatch, seed=2)
+    assert list(sampler) == list(other) != first
