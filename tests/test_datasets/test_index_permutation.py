@@ -77,3 +77,30 @@ def test_chi_square_on_a_class_sorted_file(n):
         assert _uniform_like(ids, labels, world_size, classes, mini_epochs)
     weak = IndexPermutation(n, seed=11, epoch=0, rounds=2)(np.arange(n))
     assert not _uniform_like(weak, labels, world_size, classes, mini_epochs)
+
+
+def test_chi_square_through_dataset_and_sampler(tmp_path, monkeypatch):
+    """The same test end to end: a class-sorted annotation file, the labels
+    each simulated rank's sampler makes its dataset read, per mini-epoch."""
+    from mmdata_plugin.datasets import RankShardedDataset, RankShardedSampler
+    from mmdata_plugin.datasets import rank_sharded_sampler
+    n, classes, world_size, mini_epochs = 12_000, 24, 4, 2
+    ann = tmp_path / 'sorted.txt'
+    ann.write_text(''.join(f'c{i * classes // n}/{i}.jpg {i * classes // n}\n'
+                           for i in range(n)))
+    dataset = RankShardedDataset(ann_file=str(ann))
+    labels = np.array([dataset.get_data_info(i)['gt_label']
+                       for i in range(n)])
+    low, high = _chi2_bounds(classes - 1)
+    for epoch in range(2 * mini_epochs):
+        per_rank = []
+        for rank in range(world_size):
+            monkeypatch.setattr(rank_sharded_sampler, 'get_dist_info',
+                                lambda rank=rank: (rank, world_size))
+            sampler = RankShardedSampler(
+                dataset, seed=0, mini_epochs=mini_epochs)
+            sampler.set_epoch(epoch)
+            per_rank.append(np.array(list(sampler)))
+        interleaved = np.stack(per_rank, axis=1).reshape(-1)
+        stats = _rank_chi2s(interleaved, labels, world_size, classes)
+        assert all(low < stat < high for stat in stats), stats
