@@ -32,6 +32,12 @@ def _builders(demo_root):
         ('MODELS', 'TinyCNNClassifier'): (dict(num_classes=3), {}),
         ('DATASETS', 'ImageListDataset'):
         (dict(data_root=demo_root, ann_file='val.txt'), {}),
+        ('DATASETS', 'RankShardedDataset'):
+        (dict(data_root=demo_root, ann_file='val.txt'), {}),
+        ('DATA_SAMPLERS', 'RankShardedSampler'):
+        (dict(mini_epochs=2), dict(dataset=range(8), seed=0)),
+        ('DATA_SAMPLERS', 'RankShardedInfiniteSampler'):
+        (dict(), dict(dataset=range(8), seed=0)),
         ('TRANSFORMS', 'RandomImageCrop'): (dict(crop_size=8), {}),
         ('TRANSFORMS', 'PackImageLabelInputs'): (dict(), {}),
         ('TRANSFORMS', 'LoadImageFromFileReduced'):

@@ -1,8 +1,18 @@
 from .annotation_lines import (AnnotationFormatError, decode_line,
-                               iter_path_labels, parse_path_label)
+                               iter_path_labels, parse_path_label,
+                               sample_line_starts)
 from .image_list_dataset import ImageListDataset
+from .index_permutation import IndexPermutation
+from .line_index import (LineIndex, StaleIndexError, build_line_index,
+                         default_index_path, ensure_line_index)
+from .rank_sharded_dataset import RankShardedDataset
+from .rank_sharded_sampler import (RankShardedInfiniteSampler,
+                                   RankShardedSampler)
 
 __all__ = [
     'AnnotationFormatError', 'decode_line', 'iter_path_labels',
-    'parse_path_label', 'ImageListDataset'
+    'parse_path_label', 'sample_line_starts', 'ImageListDataset',
+    'IndexPermutation', 'LineIndex', 'StaleIndexError', 'build_line_index',
+    'default_index_path', 'ensure_line_index', 'RankShardedDataset',
+    'RankShardedSampler', 'RankShardedInfiniteSampler'
 ]

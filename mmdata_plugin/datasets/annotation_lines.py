@@ -1,11 +1,28 @@
-"""Parsing of ``relative/path label`` annotation lines.
+"""What a sample line of an annotation file is.
 
-Shared by every dataset that reads such lists, so that all of them agree on
-what a valid line is: the label is the last whitespace-separated field (any
-number of digits), everything before it is the path (spaces allowed), blank
-lines are not samples, and a last line without a newline is still a sample.
+Shared by every dataset that reads annotation files, so that all of them agree
+on what a valid line is. Two formats exist:
+
+* ``'lines'``: ``relative/path label``. The label is the last
+  whitespace-separated field (any number of ASCII digits), everything before
+  it is the path (spaces allowed).
+* ``'jsonl'``: JSON Lines, one JSON object (an mmengine data-info dict) per
+  line.
+
+In both, lines are separated by ``\\n`` (a ``\\r`` before it is ignored),
+blank lines are not samples, a last line without a newline is still a sample,
+and every line must be valid UTF-8. Errors name ``file:line``.
+
+:func:`sample_line_starts` classifies a whole buffer of lines at once with
+numpy (used to index 1e9-line files); it takes a vectorised fast path only
+for lines that the per-line functions would accept with the same result, and
+hands every other line to them, so both always agree.
 """
-from typing import Iterator, Tuple
+from typing import Iterator, Optional, Tuple
+
+import numpy as np
+
+LINE_FORMATS = ('lines', 'jsonl')
 
 
 class AnnotationFormatError(ValueError):
@@ -42,11 +59,147 @@ def parse_path_label(line: str, filename: str,
     return fields[0], int(fields[1])
 
 
+def check_json_object_line(line: str, filename: str, lineno: int) -> None:
+    """Check the outline of a JSON Lines record: ``{ ... }`` on one line.
+
+    The record itself is decoded when the sample is read (decoding 1e9
+    records up front would take longer than the training epoch).
+    """
+    text = line.strip()
+    if not (text.startswith('{') and text.endswith('}')):
+        raise AnnotationFormatError(
+            f'{filename}:{lineno}: expected one JSON object per line, got '
+            f'{text[:80]!r}')
+
+
+def _sample_text(raw: bytes, filename: str, lineno: int) -> Optional[str]:
+    """The decoded line, or None if it is blank."""
+    line = decode_line(raw, filename, lineno)
+    return line if line.strip() else None
+
+
+def is_sample_line(raw: bytes, fmt: str, filename: str, lineno: int) -> bool:
+    """Whether one raw line is a sample (True) or blank (False).
+
+    Raises:
+        AnnotationFormatError: If the line is neither, naming file and line.
+    """
+    line = _sample_text(raw, filename, lineno)
+    if line is None:
+        return False
+    if fmt == 'lines':
+        parse_path_label(line, filename, lineno)
+    else:
+        check_json_object_line(line, filename, lineno)
+    return True
+
+
 def iter_path_labels(filename: str) -> Iterator[Tuple[int, str, int]]:
     """Yield ``(lineno, path, label)`` for every sample line of a file."""
     with open(filename, 'rb') as file:
         for lineno, raw in enumerate(file, 1):
-            line = decode_line(raw, filename, lineno)
-            if line.strip():
+            line = _sample_text(raw, filename, lineno)
+            if line is not None:
                 path, label = parse_path_label(line, filename, lineno)
                 yield lineno, path, label
+
+
+# Bytes that Python's str.isspace() counts as whitespace, among ASCII; a
+# non-ASCII byte may be part of a Unicode space, so the fast path never
+# decides on one.
+_ASCII_SPACE = np.array([chr(b).isspace() for b in range(128)] + [False] * 128)
+_ASCII_WORD = np.array([not chr(b).isspace() for b in range(128)] +
+                       [False] * 128)
+_DIGIT = np.zeros(256, bool)
+_DIGIT[ord('0'):ord('9') + 1] = True
+_NEWLINE = ord('\n')
+
+
+def _skip_back(buf: np.ndarray, pos: np.ndarray, floor: np.ndarray,
+               table: np.ndarray) -> np.ndarray:
+    """Move each ``pos`` (an exclusive end) back over bytes in ``table``."""
+    pos = pos.copy()
+    # Whole-array steps are cheapest while most lines still move (runs are
+    # short: a label, a line end); long runs finish on the moving lines only.
+    for _ in range(8):
+        move = table[buf[pos - 1]] & (pos > floor)
+        if not move.any():
+            return pos
+        pos -= move
+    active = np.flatnonzero(table[buf[pos - 1]] & (pos > floor))
+    while active.size:
+        pos[active] -= 1
+        active = active[table[buf[pos[active] - 1]] & (pos[active] >
+                                                       floor[active])]
+    return pos
+
+
+def _fast_sample_mask(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray,
+                      fmt: str) -> Tuple[np.ndarray, np.ndarray]:
+    """(surely a sample, surely blank) for lines ``buf[starts:ends]``."""
+    content_end = _skip_back(buf, ends, starts, _ASCII_SPACE)
+    blank = content_end == starts
+    last = buf[np.maximum(content_end - 1, 0)]
+    if fmt == 'jsonl':
+        first = buf[np.minimum(starts, buf.size - 1)]
+        sure = ~blank & (first == ord('{')) & (last == ord('}'))
+        return sure, blank
+    # lines: digits, ASCII whitespace, then a non-space ASCII byte (so that
+    # rsplit() surely leaves a non-empty path and this exact label).
+    sure = ~blank & _DIGIT[last]
+    label_start = _skip_back(buf, content_end, starts, _DIGIT)
+    path_end = _skip_back(buf, label_start, starts, _ASCII_SPACE)
+    sure &= (path_end < label_start) & (path_end > starts)
+    sure &= _ASCII_WORD[buf[np.maximum(path_end - 1, 0)]]
+    return sure, blank
+
+
+def sample_line_starts(buf: np.ndarray, fmt: str, filename: str,
+                       first_lineno: int) -> Tuple[np.ndarray, int]:
+    """Offsets (in ``buf``) of the sample lines in a buffer of whole lines.
+
+    Args:
+        buf (np.ndarray): uint8 bytes of whole lines: every line ends with
+            ``\\n`` except, at the end of the file, the last one.
+        fmt (str): ``'lines'`` or ``'jsonl'``.
+        filename (str): The annotation file, for error messages.
+        first_lineno (int): 1-based line number of the first line of ``buf``.
+
+    Returns:
+        tuple[np.ndarray, int]: int64 offsets of the first byte of every
+        sample line, and the number of lines in ``buf``.
+
+    Raises:
+        AnnotationFormatError: For the first bad line, naming file and line.
+    """
+    if buf.size == 0:
+        return np.zeros(0, np.int64), 0
+    ends = np.flatnonzero(buf == _NEWLINE)
+    if ends.size == 0 or ends[-1] != buf.size - 1:
+        ends = np.append(ends, buf.size)
+    starts = np.empty_like(ends)
+    starts[0] = 0
+    starts[1:] = ends[:-1] + 1
+    if buf.max() >= 0x80:
+        _check_utf8(buf, starts, ends, filename, first_lineno)
+    sure, blank = _fast_sample_mask(buf, starts, ends, fmt)
+    keep = sure
+    unsure = np.flatnonzero(~sure & ~blank)
+    for line in unsure.tolist():
+        raw = buf[starts[line]:ends[line]].tobytes()
+        keep[line] = is_sample_line(raw, fmt, filename, first_lineno + line)
+    return starts[keep], int(ends.size)
+
+
+def _check_utf8(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray,
+                filename: str, first_lineno: int) -> None:
+    """Raise for the first line of ``buf`` that is not UTF-8."""
+    try:
+        buf.tobytes().decode('utf-8')
+    except UnicodeDecodeError as error:
+        line = int(np.searchsorted(ends, error.start))
+        # A newline cannot be inside a UTF-8 sequence, so the bad bytes are
+        # in this line and decode_line raises the error that names it.
+        decode_line(buf[starts[line]:ends[line]].tobytes(), filename,
+                    first_lineno + line)
+        raise

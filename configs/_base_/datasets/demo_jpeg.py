@@ -31,13 +31,16 @@ val_pipeline = [
     dict(type='PackImageLabelInputs'),
 ]
 
+# RankShardedDataset reads the list in place (a byte-offset index built once
+# next to it): no rank or worker holds a copy. Its samplers split the ranks;
+# the infinite one serves iteration-based training.
 train_dataloader = dict(
     batch_size=16,
     num_workers=2,
     persistent_workers=True,
-    sampler=dict(type='InfiniteSampler', shuffle=True),
+    sampler=dict(type='RankShardedInfiniteSampler', shuffle=True),
     dataset=dict(
-        type='ImageListDataset',
+        type='RankShardedDataset',
         data_root=data_root,
         ann_file='train.txt',
         metainfo=metainfo,
@@ -48,9 +51,10 @@ val_dataloader = dict(
     batch_size=32,
     num_workers=2,
     persistent_workers=True,
-    sampler=dict(type='DefaultSampler', shuffle=False),
+    # shuffle=False: the plain order, so every sample is evaluated once.
+    sampler=dict(type='RankShardedSampler', shuffle=False),
     dataset=dict(
-        type='ImageListDataset',
+        type='RankShardedDataset',
         data_root=data_root,
         ann_file='val.txt',
         metainfo=metainfo,

@@ -1,0 +1,246 @@
+"""Samplers that split a global sample stream between ranks in O(1) memory.
+
+The dataset stays global (``len(dataset) == N`` on every rank); these
+samplers are the one place where ranks are split and epochs shuffled, so a
+sample can never be sharded twice. Each epoch's order is a seeded Feistel
+permutation (:class:`IndexPermutation`) evaluated block by block: no rank
+ever holds a list of N indices, and starting an epoch costs O(1) in N.
+
+The global stream and the rank split (shared by both samplers)::
+
+    stream[p] = perm_e(p)                       (shuffle=False: p)
+    rank r of W yields stream[G + r], stream[G + r + W], ...
+
+with ``G`` the position set by :meth:`fast_forward` (0 otherwise). Ranks
+take interleaved positions, like mmengine's samplers, so the stream does not
+depend on ``W``: a run resumed with another world size continues it.
+"""
+import math
+from typing import Callable, Iterator, Optional, Sized
+
+import numpy as np
+from mmengine.dist import get_dist_info, sync_random_seed
+from mmengine.registry import DATA_SAMPLERS
+from torch.utils.data import Sampler
+
+from ..utils.sample_index import SampleIndex
+from .index_permutation import IndexPermutation
+
+# Positions mapped to ids per numpy call; bounds the transient memory of a
+# rank (8 bytes each) and keeps the first index of an epoch fast.
+_BLOCK = 8192
+
+
+class _RankStream(Sampler):
+    """What both samplers share: seed, rank split, fast-forward, shards."""
+
+    def __init__(self,
+                 dataset: Sized,
+                 shuffle: bool = True,
+                 seed: Optional[int] = None,
+                 mini_epochs: int = 1,
+                 rounds: int = 6) -> None:
+        rank, world_size = get_dist_info()
+        self.rank = rank
+        self.world_size = world_size
+        self.dataset = dataset
+        self.size = len(dataset)
+        self.shuffle = shuffle
+        # Identical on all ranks, or the ranks would permute differently.
+        self.seed = sync_random_seed() if seed is None else int(seed)
+        if rounds < 4:
+            raise ValueError(f'rounds must be >= 4 for a well-mixed '
+                             f'permutation, got {rounds}')
+        self.rounds = rounds
+        if not isinstance(mini_epochs, int) or mini_epochs < 1:
+            raise ValueError(
+                f'mini_epochs must be a positive int, got {mini_epochs!r}')
+        if self.size < mini_epochs:
+            raise ValueError(
+                f'The dataset has {self.size} samples, fewer than '
+                f'mini_epochs={mini_epochs}; every mini-epoch needs one.')
+        self.mini_epochs = mini_epochs
+        self._start = 0
+        # Materialising datasets (slow shared file systems) get each rank's
+        # share written to a local file before the rank iterates over it.
+        self._materialize = getattr(dataset, 'materialize_shards', False)
+        self._permutations = {}
+
+    def fast_forward(self, global_offset: int) -> None:
+        """Start the next ``__iter__`` (only) at ``global_offset``.
+
+        Args:
+            global_offset (int): A position of the global stream, counted in
+                samples over all ranks: within the epoch chosen by the last
+                ``set_epoch`` (epoch sampler) or since the start of the
+                stream (infinite sampler).
+        """
+        if int(global_offset) < 0:
+            raise ValueError(
+                f'global_offset must be >= 0, got {global_offset}')
+        self._start = int(global_offset)
+
+    def _take_start(self) -> int:
+        start, self._start = self._start, 0
+        return start
+
+    def _part_bounds(self, part: int):
+        """``[lo, hi)`` of the permutation positions in mini-epoch ``part``."""
+        return (part * self.size // self.mini_epochs,
+                (part + 1) * self.size // self.mini_epochs)
+
+    def _ids(self, perm_epoch: int, positions: np.ndarray) -> np.ndarray:
+        """Sample ids at permutation ``positions`` of pass ``perm_epoch``."""
+        if not self.shuffle:
+            return positions
+        # Keyed by the seed too: a resume may re-apply a checkpoint's seed.
+        key = (self.seed, perm_epoch)
+        permutation = self._permutations.get(key)
+        if permutation is None:
+            # Two passes can be live at a pass boundary; keep just those.
+            self._permutations = {
+                k: p
+                for k, p in self._permutations.items()
+                if k == (self.seed, perm_epoch - 1)
+            }
+            permutation = IndexPermutation(self.size, self.seed, perm_epoch,
+                                           self.rounds)
+            self._permutations[key] = permutation
+        return permutation(positions)
+
+    def _yield_ids(self, count: int,
+                   id_block: Callable[[int, int], np.ndarray]) -> Iterator:
+        """Yield the ids of this rank's next ``count`` positions.
+
+        ``id_block(a, b)`` maps the rank's positions ``a..b-1`` to ids; it is
+        called block by block, so memory stays at one block -- except with a
+        materialising dataset, which first gets the whole share written to a
+        shard file (8 bytes per id) and each index tagged with that file.
+        """
+        blocks = ((k, min(k + _BLOCK, count)) for k in range(0, count, _BLOCK))
+        if not self._materialize:
+            for a, b in blocks:
+                yield from id_block(a, b).tolist()
+            return
+        ids = np.empty(count, np.int64)
+        for a, b in blocks:
+            ids[a:b] = id_block(a, b)
+        shard = self.dataset.write_shard(ids)
+        for start in range(0, count, _BLOCK):
+            for index in ids[start:start + _BLOCK].tolist():
+                yield SampleIndex(index, shard=shard)
+
+
+@DATA_SAMPLERS.register_module()
+class RankShardedSampler(_RankStream):
+    """Epoch sampler: every sample once per epoch over all ranks, O(1) memory.
+
+    A drop-in for mmengine's ``DefaultSampler`` (same rank split, same
+    padding, same order with ``shuffle=False``), built for 1e7-1e9 samples:
+    the epoch's permutation is computed block by block, never stored.
+
+    Epoch ``e`` is mini-epoch ``e % mini_epochs`` of permutation pass
+    ``e // mini_epochs``: a pass is cut into ``mini_epochs`` contiguous
+    parts of its permutation, so the mini-epochs of a pass together are one
+    exact epoch, while the DataLoader (and its persistent workers) stays.
+
+    Padding: every rank yields ``ceil(ceil(N / M) / W)`` samples per
+    (mini-)epoch; the shortfall of a part is filled by wrapping around to the
+    start of that part, like ``DistributedSampler`` (at most ``W - 1``
+    repeats per epoch with ``M = 1``, at most ``W`` per mini-epoch).
+    ``round_up=False`` drops instead: ``floor(floor(N / M) / W)`` per rank.
+
+    Args:
+        dataset (Sized): The dataset (global: the same on all ranks).
+        shuffle (bool): Shuffle each pass. Default: True.
+        seed (int, optional): Seed of the permutations; the same on all
+            ranks. ``None`` draws one and broadcasts it from rank 0.
+        mini_epochs (int): Parts per pass. Default: 1.
+        round_up (bool): Pad to equal per-rank counts (True) or drop the
+            remainder (False). Default: True.
+        rounds (int): Feistel rounds of the permutation (>= 4). Default: 6.
+    """
+
+    def __init__(self,
+                 dataset: Sized,
+                 shuffle: bool = True,
+                 seed: Optional[int] = None,
+                 mini_epochs: int = 1,
+                 round_up: bool = True,
+                 rounds: int = 6) -> None:
+        super().__init__(dataset, shuffle, seed, mini_epochs, rounds)
+        self.round_up = round_up
+        self.epoch = 0
+        if round_up:
+            per_rank = math.ceil(
+                math.ceil(self.size / mini_epochs) / self.world_size)
+        else:
+            per_rank = self.size // mini_epochs // self.world_size
+        self.num_samples = per_rank
+        self.total_size = per_rank * self.world_size
+
+    def set_epoch(self, epoch: int) -> None:
+        """Choose the (mini-)epoch the next iteration yields."""
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        """Samples per rank in a full (mini-)epoch."""
+        return self.num_samples
+
+    def __iter__(self) -> Iterator[int]:
+        start = self._take_start()
+        perm_epoch, part = divmod(self.epoch, self.mini_epochs)
+        lo, hi = self._part_bounds(part)
+        count = max(0, -(-(self.total_size - start) // self.world_size))
+        first = start + self.rank
+        yield from self._yield_ids(
+            count, lambda a, b: self._ids(
+                perm_epoch, lo +
+                (first + self.world_size * np.arange(a, b)) % (hi - lo)))
+
+
+@DATA_SAMPLERS.register_module()
+class RankShardedInfiniteSampler(_RankStream):
+    """Endless sampler for iteration-based training, O(1) memory.
+
+    A drop-in for mmengine's ``InfiniteSampler``: the stream is pass 0's
+    permutation of all N samples, then pass 1's, and so on (each pass a fresh
+    permutation; ``shuffle=False``: 0..N-1 repeated); rank r of W takes
+    positions ``r, r + W, ...``. ``set_epoch`` is accepted and ignored, like
+    mmengine's. ``mini_epochs`` does not change the stream; with a
+    materialising dataset it is how many parts of a pass each shard file
+    holds.
+
+    Args:
+        dataset (Sized): The dataset (global: the same on all ranks).
+        shuffle (bool): Shuffle each pass. Default: True.
+        seed (int, optional): Seed of the permutations; the same on all
+            ranks. ``None`` draws one and broadcasts it from rank 0.
+        mini_epochs (int): Shard files per pass (materialising datasets).
+            Default: 1.
+        rounds (int): Feistel rounds of the permutation (>= 4). Default: 6.
+    """
+
+    def set_epoch(self, epoch: int) -> None:
+        """Ignored: the infinite stream has no epochs."""
+
+    def __len__(self) -> int:
+        """N, like mmengine's ``InfiniteSampler``."""
+        return self.size
+
+    def __iter__(self) -> Iterator[int]:
+        position = self._take_start() + self.rank
+        while True:
+            perm_epoch, offset = divmod(position, self.size)
+            part = offset * self.mini_epochs // self.size
+            while self._part_bounds(part)[1] <= offset:
+                part += 1
+            _, hi = self._part_bounds(part)
+            count = -(-(perm_epoch * self.size + hi - position) //
+                      self.world_size)
+            pass_start = position - perm_epoch * self.size
+            yield from self._yield_ids(
+                count, lambda a, b: self._ids(
+                    perm_epoch,
+                    pass_start + self.world_size * np.arange(a, b)))
+            position += count * self.world_size

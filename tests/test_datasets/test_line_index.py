@@ -1,0 +1,169 @@
+import multiprocessing
+import os
+import os.path as osp
+
+import pytest
+
+from mmdata_plugin.datasets import (AnnotationFormatError, LineIndex,
+                                    StaleIndexError, ensure_line_index)
+from mmdata_plugin.datasets import line_index as line_index_module
+from mmdata_plugin.datasets.line_index import (ByteProgressBar,
+                                               default_index_path,
+                                               index_problem)
+
+LINES = b'a.jpg 1\n\n  \nb c.jpg 22\r\nx.jpg 0   \nlast.jpg 3'
+
+
+def _write(path, data):
+    path.write_bytes(data)
+    return str(path)
+
+
+def _texts(index):
+    return [
+        index.read(i).decode().strip() for i in range(index.num_samples)
+    ]
+
+
+@pytest.mark.parametrize('chunk', [7, 16, 1 << 20])
+def test_index_spans_every_sample_across_chunk_sizes(tmp_path, monkeypatch,
+                                                     chunk):
+    # Tiny chunks: lines cross chunk ends and outgrow the buffer.
+    monkeypatch.setattr(line_index_module, '_CHUNK_SIZE', chunk)
+    ann = _write(tmp_path / 'ann.txt', LINES)
+    index = ensure_line_index(ann, ann + '.idx', 'lines')
+    assert _texts(index) == ['a.jpg 1', 'b c.jpg 22', 'x.jpg 0', 'last.jpg 3']
+    assert index.header['num_lines'] == 6
+    assert [index.line_number(i) for i in range(4)] == [1, 4, 5, 6]
+
+
+def test_index_is_reused_and_rebuilt_when_the_file_changes(tmp_path):
+    ann = _write(tmp_path / 'ann.txt', LINES)
+    index_path = default_index_path(ann)
+    assert index_path == ann + '.idx'
+    ensure_line_index(ann, index_path, 'lines')
+    built = os.stat(index_path).st_mtime_ns
+    ensure_line_index(ann, index_path, 'lines')
+    assert os.stat(index_path).st_mtime_ns == built  # reused
+
+    with open(ann, 'ab') as f:
+        f.write(b'\nmore.jpg 5\n')
+    assert 'the annotation file changed' in index_problem(
+        index_path, ann, 'lines')
+    with pytest.raises(StaleIndexError, match=r'does not match .*ann\.txt'):
+        ensure_line_index(ann, index_path, 'lines', on_stale='error')
+    assert ensure_line_index(ann, index_path, 'lines').num_samples == 5
+
+
+def test_same_size_and_mtime_but_new_content_is_stale(tmp_path):
+    ann = _write(tmp_path / 'ann.txt', LINES)
+    ensure_line_index(ann, ann + '.idx', 'lines')
+    stat = os.stat(ann)
+    _write(tmp_path / 'ann.txt', LINES.replace(b'a.jpg 1', b'z.jpg 9'))
+    os.utime(ann, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert 'edges' in index_problem(ann + '.idx', ann, 'lines')
+
+
+def test_truncated_or_foreign_index_is_rebuilt(tmp_path):
+    ann = _write(tmp_path / 'ann.txt', LINES)
+    index = ensure_line_index(ann, ann + '.idx', 'lines')
+    with open(index.path, 'r+b') as f:
+        f.truncate(os.path.getsize(index.path) - 8)
+    assert 'truncated' in index_problem(index.path, ann, 'lines')
+    assert ensure_line_index(ann, index.path, 'lines').num_samples == 4
+    other = _write(tmp_path / 'other.txt', LINES)
+    assert 'it indexes' in index_problem(index.path, other, 'lines')
+    _write(tmp_path / 'ann.txt.idx', b'junk')
+    assert 'not a line index' in index_problem(index.path, ann, 'lines')
+
+
+def test_changed_during_training_is_refused_at_open(tmp_path):
+    ann = _write(tmp_path / 'ann.txt', LINES)
+    index = ensure_line_index(ann, ann + '.idx', 'lines')
+    reopened = LineIndex(index.path)  # as a new worker process would
+    with open(ann, 'ab') as f:
+        f.write(b'\nmore.jpg 5\n')
+    with pytest.raises(StaleIndexError, match='changed after its index'):
+        reopened.read(0)
+
+
+def _build_in_child(ann, index_path, log):
+    real_build = line_index_module.build_line_index
+
+    def recording_build(*args, **kwargs):
+        with open(log, 'a') as f:
+            f.write(f'{os.getpid()}\n')
+        return real_build(*args, **kwargs)
+
+    line_index_module.build_line_index = recording_build
+    ensure_line_index(ann, index_path, 'lines', progress=False)
+
+
+def test_one_process_builds_while_the_others_wait(tmp_path):
+    ann = _write(tmp_path / 'ann.txt', b''.join(
+        b'dir/img_%07d.jpg %d\n' % (i, i % 7) for i in range(200_000)))
+    log = str(tmp_path / 'builds.log')
+    ctx = multiprocessing.get_context('fork')
+    procs = [
+        ctx.Process(target=_build_in_child, args=(ann, ann + '.idx', log))
+        for _ in range(4)
+    ]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(60)
+        assert proc.exitcode == 0
+    with open(log) as f:
+        assert len(f.read().split()) == 1
+    assert LineIndex(ann + '.idx').num_samples == 200_000
+    assert sorted(os.listdir(tmp_path)) == ['ann.txt', 'ann.txt.idx',
+                                            'builds.log']
+
+
+@pytest.mark.parametrize('data, error, match', [
+    (b'', AnnotationFormatError, 'no sample lines'),
+    (b'\n \n\r\n', AnnotationFormatError, 'no sample lines'),
+    (b'a.jpg 1\n\nb.jpg x\n', AnnotationFormatError,
+     r'ann\.txt:3: expected "relative/path label"'),
+    (b'a.jpg 1\nb\xff.jpg 2\n', AnnotationFormatError,
+     r'ann\.txt:2: line is not valid UTF-8'),
+])
+def test_bad_files_name_the_problem_and_leave_no_index(tmp_path, data, error,
+                                                       match):
+    ann = _write(tmp_path / 'ann.txt', data)
+    with pytest.raises(error, match=match):
+        ensure_line_index(ann, ann + '.idx', 'lines')
+    assert os.listdir(tmp_path) == ['ann.txt']
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match='nope.txt'):
+        ensure_line_index(
+            str(tmp_path / 'nope.txt'), str(tmp_path / 'i.idx'), 'lines')
+
+
+def test_jsonl_metainfo_first_line_is_not_a_sample(tmp_path):
+    ann = _write(tmp_path / 'a.jsonl',
+                 b'{"metainfo": {"classes": ["x"]}}\n\n{"img_path": "a"}\n')
+    index = ensure_line_index(ann, ann + '.idx', 'jsonl')
+    assert index.num_samples == 1
+    assert index.header_record() == b'{"metainfo": {"classes": ["x"]}}'
+
+
+def test_index_dir_for_read_only_folders(tmp_path, monkeypatch):
+    ann = str(tmp_path / 'ann.txt')
+    path = default_index_path(ann, str(tmp_path / 'cache'))
+    assert osp.dirname(path) == str(tmp_path / 'cache')
+    assert osp.basename(path).startswith('ann.txt.')
+    monkeypatch.setenv('MMDATA_INDEX_DIR', str(tmp_path / 'env'))
+    monkeypatch.setattr(os, 'access', lambda *args: False)
+    assert osp.dirname(default_index_path(ann)) == str(tmp_path / 'env')
+
+
+def test_progress_bar_reports_rate_and_eta(capsys, monkeypatch):
+    bar = ByteProgressBar(100, 'indexing x', True)
+    bar.start -= 20  # as if 20 s had passed: a log line is due
+    bar.last -= 20
+    bar.update(50)
+    err = capsys.readouterr().err
+    assert 'indexing x:' in err and '50.0%' in err and 'ETA' in err

@@ -1,0 +1,287 @@
+import gc
+import glob
+import json
+import os
+import os.path as osp
+
+import numpy as np
+import pytest
+from mmengine.dataset import Compose
+from torch.utils.data import DataLoader
+
+from mmdata_plugin.datasets import (AnnotationFormatError, ImageListDataset,
+                                    RankShardedDataset, RankShardedSampler)
+from mmdata_plugin.datasets import rank_shard_files
+from mmdata_plugin.datasets import rank_sharded_dataset as dataset_module
+from mmdata_plugin.testing import process_memory
+from mmdata_plugin.utils import SampleIndex
+
+TRICKY = (b'a.jpg 1\n\n  \nb c.jpg 22\r\nx.jpg 0   \n'
+          b'd\xc3\xa9j\xc3\xa0.jpg\t7\nlast.jpg 3')
+
+
+def _dataset(tmp_path, data=TRICKY, name='ann.txt', **kwargs):
+    ann = tmp_path / name
+    if not ann.exists() or ann.read_bytes() != data:
+        ann.write_bytes(data)
+    return RankShardedDataset(
+        ann_file=name, data_root=str(tmp_path), **kwargs)
+
+
+def test_reads_like_image_list_dataset(tmp_path):
+    ours = _dataset(tmp_path, data_prefix=dict(img_path='imgs'))
+    stock = ImageListDataset(
+        ann_file='ann.txt',
+        data_root=str(tmp_path),
+        data_prefix=dict(img_path='imgs'))
+    assert len(ours) == len(stock) == 5
+    for idx in range(5):
+        assert ours.get_data_info(idx) == stock.get_data_info(idx)
+    assert ours.get_data_info(-1)['img_path'] == str(
+        tmp_path / 'imgs' / 'last.jpg')
+    assert ours.get_data_info(SampleIndex(1, seed=5))['gt_label'] == 22
+    assert ours.get_cat_ids(1) == [22]
+    with pytest.raises(IndexError, match='out of range'):
+        ours.get_data_info(5)
+
+
+def test_base_dataset_behaviour(tmp_path):
+    ours = _dataset(
+        tmp_path,
+        metainfo=dict(classes=('a', 'b')),
+        pipeline=[],
+        lazy_init=True)
+    assert not ours._fully_initialized
+    assert len(ours) == 5  # full_init on demand
+    assert ours.metainfo == dict(classes=('a', 'b'))
+    assert isinstance(ours.pipeline, Compose)  # what DataMonitorHook walks
+    assert ours[2] == ours.get_data_info(2)
+    with pytest.raises(TypeError, match='never loads'):
+        ours.load_data_list()
+    with pytest.raises(ValueError, match='filter_cfg'):
+        _dataset(tmp_path, filter_cfg=dict(filter_empty_gt=True))
+
+
+@pytest.mark.parametrize('indices, expected', [
+    (2, [0, 1]),
+    (-2, [3, 4]),
+    ([4, 0, 4], [4, 0, 4]),
+    (np.array([3, -5]), [3, 0]),
+])
+def test_indices_and_subsets(tmp_path, indices, expected):
+    full = _dataset(tmp_path)
+    labels = [full.get_data_info(i)['gt_label'] for i in range(5)]
+    subset = _dataset(tmp_path, indices=indices)
+    assert [subset.get_data_info(i)['gt_label']
+            for i in range(len(subset))] == [labels[i] for i in expected]
+    copy = full.get_subset(indices)
+    assert len(full) == 5 and len(copy) == len(expected)
+    nested = copy.get_subset([len(expected) - 1])
+    assert nested.get_data_info(0)['gt_label'] == labels[expected[-1]]
+    full.get_subset_(indices)
+    assert len(full) == len(expected)
+    with pytest.raises(IndexError):
+        full.get_subset([10])
+
+
+def test_jsonl_records_metainfo_and_prefixes(tmp_path):
+    lines = [
+        json.dumps(dict(metainfo=dict(classes=['x', 'y'], version=2))),
+        json.dumps(dict(img_path='a b.jpg', gt_label=1, extra=[1, 2])),
+        '',
+        json.dumps(dict(img_path='c.jpg', gt_label=[0, 1])),
+    ]
+    ours = _dataset(
+        tmp_path,
+        '\n'.join(lines).encode(),
+        name='ann.jsonl',
+        metainfo=dict(version=3),
+        data_prefix=dict(img_path='imgs'))
+    assert len(ours) == 2
+    # The file fills metainfo keys the config does not set.
+    assert ours.metainfo == dict(classes=['x', 'y'], version=3)
+    assert ours.get_data_info(0) == dict(
+        img_path=osp.join(str(tmp_path), 'imgs', 'a b.jpg'),
+        gt_label=1,
+        extra=[1, 2],
+        sample_idx=0)
+    assert ours.get_cat_ids(1) == [0, 1]
+
+
+@pytest.mark.parametrize('record, match', [
+    ('{"img_path": "a.jpg", }', r'ann\.jsonl:3: invalid JSON record'),
+    ('{"gt_label": 1}', r"ann\.jsonl:3: the record has no 'img_path'"),
+])
+def test_bad_jsonl_record_names_file_and_line(tmp_path, record, match):
+    data = f'{{"img_path": "ok.jpg"}}\n\n{record}\n'.encode()
+    ours = _dataset(tmp_path, data, name='ann.jsonl')
+    ours.get_data_info(0)
+    with pytest.raises(AnnotationFormatError, match=match):
+        ours.get_data_info(1)
+
+
+def test_bad_annotation_files(tmp_path):
+    with pytest.raises(FileNotFoundError, match='nope.txt'):
+        RankShardedDataset(ann_file='nope.txt', data_root=str(tmp_path))
+    with pytest.raises(AnnotationFormatError, match='no sample lines'):
+        _dataset(tmp_path, b'\n\n')
+    with pytest.raises(AnnotationFormatError, match=r'ann\.txt:2: .*UTF-8'):
+        _dataset(tmp_path, b'a.jpg 1\nb\xff.jpg 2\n')
+    with pytest.raises(AnnotationFormatError,
+                       match=r'ann\.txt:3: expected "relative/path label"'):
+        _dataset(tmp_path, b'a.jpg 1\n\nb.jpg\n')
+
+
+def _load_pipeline(**kwargs):
+    return [dict(type='LoadImageFromFile', **kwargs)]
+
+
+def test_missing_image_names_path_and_sample(tmp_path):
+    ours = _dataset(tmp_path, pipeline=_load_pipeline())
+    with pytest.raises(FileNotFoundError) as error:
+        ours[1]
+    assert 'b c.jpg' in str(error.value)
+    assert any('sample 1' in note and 'b c.jpg' in note
+               for note in error.value.__notes__)
+    loader = DataLoader(ours, batch_size=1, num_workers=1)
+    with pytest.raises(FileNotFoundError, match=r'while loading sample 0 '):
+        next(iter(loader))
+
+
+def test_max_refetch_counts_and_logs_drops(tmp_path, monkeypatch, demo_root):
+    logged = []
+    monkeypatch.setattr(dataset_module, 'print_log',
+                        lambda msg, **kwargs: logged.append(msg))
+    image = sorted(glob.glob(osp.join(demo_root, 'val', '*', '*.jpg')))[0]
+    (tmp_path / 'ann.txt').write_text(f'gone.jpg 1\n{image} 2\n')
+    ours = RankShardedDataset(
+        ann_file=str(tmp_path / 'ann.txt'),
+        pipeline=_load_pipeline(ignore_empty=True))
+    np.random.seed(0)
+    assert ours[0]['gt_label'] == 2  # the drop was replaced
+    assert ours.num_dropped >= 1
+    assert "dropped sample 0 (img_path='gone.jpg')" in logged[0]
+    assert len(logged) == ours.num_dropped
+    ours.test_mode = True
+    with pytest.raises(RuntimeError, match='dropped sample 0 .* test mode'):
+        ours[0]
+
+
+def _lines(n):
+    return b''.join(b'dir/img_%07d.jpg %d\n' % (i, i % 13) for i in range(n))
+
+
+def test_shard_files_give_the_same_samples(tmp_path, monkeypatch):
+    shard_dir = tmp_path / 'shards'
+    shard_dir.mkdir()
+    orphan = shard_dir / f'mmdata-shard-{os.uname().nodename}-999999-0-1.bin'
+    orphan.write_bytes(b'')
+    monkeypatch.setattr(rank_shard_files, '_WINDOW', 64)  # many windows
+    ours = _dataset(
+        tmp_path,
+        _lines(500),
+        indices=np.arange(499, 99, -1),  # subset: file order reversed
+        materialize_shards=True,
+        shard_dir=str(shard_dir))
+    sampler = RankShardedSampler(ours, seed=1, mini_epochs=3)
+    files = []
+    for epoch in range(4):
+        sampler.set_epoch(epoch)
+        tagged = list(sampler)
+        assert {idx.shard for idx in tagged} == {tagged[0].shard}
+        files.append(tagged[0].shard)
+        for idx in tagged[::7]:
+            assert ours.get_data_info(idx) == ours.get_data_info(int(idx))
+        assert sorted(os.listdir(shard_dir)) == sorted(
+            osp.basename(f) for f in files[-2:])  # older ones removed
+    assert not orphan.exists()
+    missing = min(set(range(len(ours))) - set(tagged))
+    with pytest.raises(KeyError, match='not in shard file'):
+        ours.get_data_info(SampleIndex(missing, shard=files[-1]))
+    ours._shard_writer.remove_all()
+    assert os.listdir(shard_dir) == []
+
+
+def _expected_paths(dataset, sampler, epoch):
+    sampler.set_epoch(epoch)
+    return [dataset.get_data_info(i)['img_path'] for i in sampler]
+
+
+@pytest.mark.parametrize('materialize', [False, True])
+def test_persistent_workers_see_each_epochs_reshuffle(tmp_path, materialize):
+    ours = _dataset(
+        tmp_path,
+        _lines(40),
+        materialize_shards=materialize,
+        shard_dir=str(tmp_path))
+    sampler = RankShardedSampler(ours, seed=7, mini_epochs=2)
+    loader = DataLoader(
+        ours,
+        batch_size=3,
+        sampler=sampler,
+        num_workers=2,
+        persistent_workers=True,
+        collate_fn=lambda batch: [info['img_path'] for info in batch])
+    seen = []
+    for epoch in range(4):
+        expected = _expected_paths(ours, sampler, epoch)
+        sampler.set_epoch(epoch)
+        got = [path for batch in loader for path in batch]
+        assert got == expected
+        seen.append(got)
+    assert seen[0] != seen[2]  # new permutation for the next pass
+    assert set(seen[0]) | set(seen[1]) == set(seen[2]) | set(seen[3])
+
+
+def _worker_memory(batch):
+    return process_memory()['uss'], len(batch)
+
+
+class _ListDataset:
+    """The copy-on-access control: samples as Python objects."""
+
+    def __init__(self, n):
+        self.items = [dict(img_path=f'dir/img_{i:07d}.jpg', gt_label=i % 13)
+                      for i in range(n)]
+
+    def __len__(self):
+        return len(self.items)
+
+    def __getitem__(self, idx):
+        return self.items[idx]
+
+
+def _uss_growth(dataset, start_method):
+    loader = DataLoader(
+        dataset,
+        batch_size=5000,
+        num_workers=1,
+        multiprocessing_context=start_method,
+        collate_fn=_worker_memory)
+    # Keep the forked worker's cyclic GC off the parent's objects: its
+    # header writes copy pages whatever the dataset (noise of ~1 MiB).
+    gc.freeze()
+    try:
+        usage = [uss for uss, _ in loader]
+    finally:
+        gc.unfreeze()
+    return usage[-1] - usage[0]
+
+
+@pytest.mark.parametrize('start_method', ['fork', 'spawn'])
+def test_no_copy_on_access_growth_in_workers(tmp_path, start_method):
+    n = 200_000
+    ours = _dataset(tmp_path, _lines(n))
+    growth = _uss_growth(ours, start_method)
+    assert growth < 1.5 * 2**20, f'worker USS grew by {growth / 2**20:.1f} MiB'
+    if start_method == 'fork':
+        # The measurement sees copy-on-access where there is some.
+        assert _uss_growth(_ListDataset(n), 'fork') > 8 * 2**20
+
+
+def test_removed_shard_file_falls_back_to_the_annotation_file(tmp_path):
+    ours = _dataset(tmp_path, _lines(50), materialize_shards=True,
+                    shard_dir=str(tmp_path))
+    tagged = list(RankShardedSampler(ours, seed=0))
+    os.remove(tagged[0].shard)
+    assert ours.get_data_info(tagged[0]) == ours.get_data_info(int(tagged[0]))
