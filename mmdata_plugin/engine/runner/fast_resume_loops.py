@@ -35,6 +35,8 @@ class _FastResumeMixin:
     def _setup_fast_resume(self, seed_per_sample: bool,
                            seed_per_iter: bool) -> None:
         self.seed_per_iter = seed_per_iter
+        # What the last resume did (None for a fresh start), for monitors.
+        self.resume_report = None
         self.data_resumer = DataStreamResumer(self.dataloader,
                                               _base_seed(self.runner),
                                               seed_per_sample)
@@ -63,6 +65,7 @@ class _FastResumeMixin:
         report = self.data_resumer.resume(
             self._iter, epoch,
             self.runner._randomness_cfg.get('diff_rank_seed', False))
+        self.resume_report = report
         if report is None:
             return 0
         if report.drop_batches:
