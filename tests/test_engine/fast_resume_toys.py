@@ -120,7 +120,7 @@ def make_runner(work_dir,
     return Runner(
         model=ToyModel(),
         work_dir=str(work_dir),
-        experiment_name=f'{work_dir.name}-{id(work_dir)}',
+        experiment_name=f'{work_dir.parent.name}-{work_dir.name}',
         train_dataloader=dataloader,
         train_cfg=train_cfg,
         optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.01)),

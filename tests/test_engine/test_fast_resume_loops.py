@@ -146,6 +146,23 @@ def test_iterable_dataset_falls_back_with_a_warning(tmp_path):
         [r['index'] for r in full.iterations[4:]]
 
 
+class PeekingHook(Recorder):
+    """Breaks the contract: reads a batch in before_train."""
+
+    def __init__(self):
+        super().__init__()
+        self.before_train = self.peek
+
+    def peek(self, runner):
+        next(runner.train_loop.dataloader_iterator)
+
+
+def test_reading_batches_before_positioning_is_refused(tmp_path):
+    with pytest.raises(RuntimeError, match='read before the loop positioned'):
+        train(tmp_path, 'peek', dict(type=ITER_LOOP, max_iters=2),
+              recorder=PeekingHook())
+
+
 def test_hook_is_registered_once_and_bound(tmp_path):
     work_dir = tmp_path / 'w'
     work_dir.mkdir()

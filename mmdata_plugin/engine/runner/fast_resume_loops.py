@@ -190,8 +190,9 @@ class FastResumeIterBasedTrainLoop(_FastResumeMixin, IterBasedTrainLoop):
         self._setup_fast_resume(seed_per_sample, seed_per_iter)
         # Created once; hooks may wrap it in `before_train`. It only calls
         # `iter(dataloader)` at its first `next()`, after positioning.
-        self.dataloader_iterator = ResumableDataloaderIterator(
+        self._resumable_iterator = ResumableDataloaderIterator(
             self.dataloader, self.data_resumer.position)
+        self.dataloader_iterator = self._resumable_iterator
 
     def run(self) -> None:
         """Launch training."""
@@ -199,6 +200,11 @@ class FastResumeIterBasedTrainLoop(_FastResumeMixin, IterBasedTrainLoop):
         # In iteration-based training loop, we treat the whole training
         # process as a big epoch and execute the corresponding hook.
         self.runner.call_hook('before_train_epoch')
+        if self._resumable_iterator.started:
+            raise RuntimeError(
+                'loop.dataloader_iterator was read before the loop positioned '
+                'the data stream; hooks must not take batches from it before '
+                '`before_train_iter`.')
         for _ in range(self._fast_forward()):
             next(self.dataloader_iterator)
         while self._iter < self._max_iters and not self.stop_training:

@@ -144,7 +144,6 @@ class ResumableBatchSampler:
         """
         done = 0
         while True:
-            self._set_epoch(epoch)
             batches = self._pass(epoch, 0, 0)
             skipped = sum(1 for _ in itertools.islice(batches,
                                                       num_batches - done))
