@@ -32,7 +32,8 @@ class ToyIterable(IterableDataset):
 
 
 class ToyModel(BaseModel):
-    """Draws from torch's global generator in the training step (dropout-like)."""
+    """Draws from torch's global generator in its training step, like
+    dropout."""
 
     def __init__(self):
         super().__init__()
@@ -97,6 +98,7 @@ def make_runner(work_dir,
                 dataset=None,
                 num_workers=0,
                 checkpoint_interval=4,
+                checkpoint_by_epoch=False,
                 resume_from=None,
                 seed=0,
                 val_interval=None,
@@ -128,7 +130,7 @@ def make_runner(work_dir,
             checkpoint=dict(
                 type='CheckpointHook',
                 interval=checkpoint_interval,
-                by_epoch=False),
+                by_epoch=checkpoint_by_epoch),
             logger=dict(type='LoggerHook', interval=1)),
         custom_hooks=[recorder or Recorder()],
         log_processor=dict(by_epoch=by_epoch),

@@ -93,6 +93,22 @@ def test_epoch_loop_resumes_mid_epoch(tmp_path, checkpoint):
     assert resumed.events[2:] == full.events[last_trained + 1:]
 
 
+def test_epoch_loop_resumes_an_epoch_checkpoint(tmp_path):
+    cfg = dict(type=EPOCH_LOOP, max_epochs=3)
+    options = dict(
+        sampler='DefaultSampler',
+        checkpoint_interval=1,
+        checkpoint_by_epoch=True)
+    full, work_dir = train(tmp_path, 'full', cfg, **options)
+    resumed, _ = train(
+        tmp_path,
+        'resumed',
+        cfg,
+        resume_from=str(work_dir / 'epoch_1.pth'),
+        **options)
+    assert resumed.iterations == full.iterations[6:]
+
+
 def test_epoch_loop_resumes_a_stock_checkpoint_mid_epoch(tmp_path):
     stock, work_dir = train(
         tmp_path,

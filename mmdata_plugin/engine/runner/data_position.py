@@ -72,6 +72,12 @@ class DataPosition:
             consumed_samples=self.consumed_samples)
 
 
+def _mismatch(key: str, saved: dict, current: dict) -> str:
+    return (f'The checkpoint\'s data position cannot be resumed: {key} is '
+            f'{saved.get(key)!r} in the checkpoint but '
+            f'{current.get(key)!r} in this run')
+
+
 def check_compatible(saved: dict, current: dict) -> None:
     """Raise :class:`DataPositionError` if ``saved`` cannot be resumed here.
 
@@ -91,18 +97,16 @@ def check_compatible(saved: dict, current: dict) -> None:
                        ('shuffle', 'train_dataloader.sampler.shuffle')):
         if saved.get(key) != current.get(key):
             raise DataPositionError(
-                f'The checkpoint\'s data position cannot be resumed: {key} is '
-                f'{saved.get(key)!r} in the checkpoint but {current.get(key)!r}'
-                f' in this run ({where}). The saved position only means '
-                'something for the same sampler over the same dataset.')
+                f'{_mismatch(key, saved, current)} ({where}). The saved '
+                'position only means something for the same sampler over '
+                'the same dataset.')
     if current['strategy'] in SAMPLE_LEVEL_STRATEGIES:
         return
     for key in ('world_size', 'batch_size'):
         if saved.get(key) != current.get(key):
             raise DataPositionError(
-                f'The checkpoint\'s data position cannot be resumed: {key} is '
-                f'{saved.get(key)!r} in the checkpoint but {current.get(key)!r}'
-                f' in this run. Strategy {current["strategy"]!r} (sampler '
+                f'{_mismatch(key, saved, current)}. Strategy '
+                f'{current["strategy"]!r} (sampler '
                 f'{current["sampler"]}, batch sampler '
                 f'{current["batch_sampler"]}) replays each rank\'s own batches '
                 'and cannot re-split the sample stream. Resume with the '

@@ -9,7 +9,8 @@ from torch.utils.data import DataLoader, IterableDataset
 from ...datasets.sample_seeded_dataset import SampleSeededDataset
 from .data_position import (FORMAT_VERSION, SAMPLE_LEVEL_STRATEGIES,
                             DataPosition, DataPositionError, check_compatible)
-from .resumable_batch_sampler import STRATEGY_DESCRIPTIONS, ResumableBatchSampler
+from .resumable_batch_sampler import (STRATEGY_DESCRIPTIONS,
+                                      ResumableBatchSampler)
 
 
 def _replace_loader_attribute(dataloader: DataLoader, name: str,
