@@ -402,10 +402,7 @@ def test_iterable_dataset_falls_back_to_load_and_drop():
     resumer = DataStreamResumer(loader, seed=0)
     assert resumer.strategy == 'load_and_drop'
     assert not isinstance(loader.dataset, SampleSeededDataset)
-    resumer.load_checkpoint_meta(dict(data_position=resumer.state_dict()))
-    resumer.state_dict()
-    report = DataStreamResumer(loader, seed=0).resume(7)
-    assert report.drop_batches == 7
+    assert resumer.resume(7).drop_batches == 7
 
 
 class ShardTaggingSampler(FastForwardSampler):
