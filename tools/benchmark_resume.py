@@ -43,7 +43,7 @@ def parse_args(argv=None):
         '--stock-iters',
         type=int,
         nargs='+',
-        default=[10, 20, 40],
+        default=[25, 50, 100],
         help='N at which the stock loop is measured')
     parser.add_argument('--target-iters', type=int, default=10_000)
     parser.add_argument('--big-iters', type=int, default=1_000_000)
