@@ -21,6 +21,20 @@ ROOT_REGISTRIES = dict(
 )
 
 
+def _loop_args():
+    """A DataLoader and the little a train loop reads from its runner."""
+    from types import SimpleNamespace
+
+    from torch.utils.data import DataLoader
+    runner = SimpleNamespace(
+        visualizer=SimpleNamespace(dataset_meta=None),
+        seed=0,
+        _randomness_cfg={},
+        hooks=[])
+    runner.register_hook = runner.hooks.append
+    return dict(runner=runner, dataloader=DataLoader(range(8), batch_size=2))
+
+
 def _builders(demo_root):
     """How to build each registered name: (registry, cfg, default_args).
 
@@ -47,6 +61,15 @@ def _builders(demo_root):
             dict(type='Resize', scale=(64, 4096), keep_ratio=True)
         ]), {}),
         ('METRICS', 'SingleLabelAccuracy'): (dict(), {}),
+        ('DATASETS', 'SampleSeededDataset'): (dict(
+            dataset=dict(
+                type='ImageListDataset', data_root=demo_root,
+                ann_file='val.txt')), {}),
+        ('HOOKS', 'FastResumeHook'): (dict(), {}),
+        ('LOOPS', 'FastResumeIterBasedTrainLoop'):
+        (dict(max_iters=2), _loop_args()),
+        ('LOOPS', 'FastResumeEpochBasedTrainLoop'):
+        (dict(max_epochs=1), _loop_args()),
         ('OPTIM_WRAPPERS', 'CPUAutocastOptimWrapper'):
         (dict(optimizer=torch.optim.SGD(torch.nn.Linear(2, 2).parameters(),
                                         lr=0.1)), {}),

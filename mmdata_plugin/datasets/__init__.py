@@ -8,11 +8,12 @@ from .line_index import (LineIndex, StaleIndexError, build_line_index,
 from .rank_sharded_dataset import RankShardedDataset
 from .rank_sharded_sampler import (RankShardedInfiniteSampler,
                                    RankShardedSampler)
+from .sample_seeded_dataset import SampleSeededDataset
 
 __all__ = [
     'AnnotationFormatError', 'decode_line', 'iter_path_labels',
     'parse_path_label', 'sample_line_starts', 'ImageListDataset',
     'IndexPermutation', 'LineIndex', 'StaleIndexError', 'build_line_index',
     'default_index_path', 'ensure_line_index', 'RankShardedDataset',
-    'RankShardedSampler', 'RankShardedInfiniteSampler'
+    'RankShardedSampler', 'RankShardedInfiniteSampler', 'SampleSeededDataset'
 ]

@@ -5,6 +5,7 @@ from .demo_data import make_demo_dataset
 from .dist import prepare_distributed
 from .image_quality import PixelDifference, pixel_difference
 from .sample_index import SampleIndex, with_fields
+from .seeding import mix_seed, preserved_global_rngs, seed_global_rngs
 from .synthetic_images import camera_like_image, encode_jpeg
 
 __all__ = [
@@ -12,5 +13,6 @@ __all__ = [
     'install_safe_checkpoint_loading', 'load_from_local_safely',
     'trust_checkpoint', 'make_demo_dataset', 'prepare_distributed',
     'SampleIndex', 'with_fields', 'PixelDifference', 'pixel_difference',
-    'camera_like_image', 'encode_jpeg'
+    'camera_like_image', 'encode_jpeg', 'mix_seed', 'preserved_global_rngs',
+    'seed_global_rngs'
 ]

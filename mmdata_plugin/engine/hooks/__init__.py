@@ -1,0 +1,3 @@
+from .fast_resume_hook import FastResumeHook
+
+__all__ = ['FastResumeHook']

@@ -1,0 +1,48 @@
+"""Test-only hook for training subprocesses: what each rank trained on.
+
+Imported through ``custom_imports`` by the configs of
+test_fast_resume_training.py (its folder is put on PYTHONPATH).
+"""
+import hashlib
+import json
+import os.path as osp
+import time
+
+from mmengine.dist import get_rank, get_world_size
+from mmengine.hooks import Hook
+from mmengine.registry import HOOKS
+
+
+@HOOKS.register_module()
+class ResumeProbeHook(Hook):
+    """Appends one JSON line per iteration to ``probe_rank{r}.jsonl``.
+
+    Args:
+        delay (float): Seconds to sleep per iteration, so that a run can be
+            killed while it is still training.
+    """
+
+    def __init__(self, delay: float = 0.0) -> None:
+        self.delay = delay
+
+    def after_train_iter(self,
+                         runner,
+                         batch_idx,
+                         data_batch=None,
+                         outputs=None) -> None:
+        samples = data_batch['data_samples']
+        record = dict(
+            iter=runner.iter,
+            rank=get_rank(),
+            world_size=get_world_size(),
+            index=[int(s.sample_idx) for s in samples],
+            seed=[getattr(s.sample_idx, 'seed', None) for s in samples],
+            digest=[
+                hashlib.sha1(img.numpy().tobytes()).hexdigest()
+                for img in data_batch['inputs']
+            ],
+            loss=outputs['loss'].item())
+        path = osp.join(runner.work_dir, f'probe_rank{get_rank()}.jsonl')
+        with open(path, 'a') as f:
+            f.write(json.dumps(record) + '\n')
+        time.sleep(self.delay)
