@@ -112,6 +112,9 @@ class SleepyDataset(BaseDataset):
             for i in range(self.num)
         ]
 
+    def get_cat_ids(self, idx):
+        return [self.get_data_info(idx)['gt_label']]
+
 
 def sleepy_pipeline(transform_ms=(1.0, 5.0), crop=None):
     """Load (read + decode), sleeping transforms, optional random crop,

@@ -35,6 +35,7 @@ def _builders(demo_root):
         ('TRANSFORMS', 'RandomImageCrop'): (dict(crop_size=8), {}),
         ('TRANSFORMS', 'PackImageLabelInputs'): (dict(), {}),
         ('METRICS', 'SingleLabelAccuracy'): (dict(), {}),
+        ('HOOKS', 'DataMonitorHook'): (dict(interval=10), {}),
         ('OPTIM_WRAPPERS', 'CPUAutocastOptimWrapper'):
         (dict(optimizer=torch.optim.SGD(torch.nn.Linear(2, 2).parameters(),
                                         lr=0.1)), {}),

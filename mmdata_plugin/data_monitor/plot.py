@@ -4,9 +4,9 @@ Drawn with matplotlib's Agg canvas directly (no pyplot), so it never
 changes the backend of the process it runs in.
 """
 import textwrap
-from typing import Dict, List
+from typing import Dict, List, Optional
 
-from .report import worst_rank
+from .report import select_rank
 from .statistics import BASE_STAGES
 from .verdict import input_bound_level, stage_label
 
@@ -38,12 +38,23 @@ def _stage_series(rank: dict) -> Dict[str, List[float]]:
     return series
 
 
-def plot_report(report: dict, path: str, dpi: int = 80) -> str:
-    """Draw ``report`` into the PNG file ``path``; returns ``path``."""
+def plot_report(report: dict,
+                path: str,
+                rank: Optional[int] = None,
+                dpi: int = 80) -> str:
+    """Draw ``report`` into the PNG file ``path``; returns ``path``.
+
+    Args:
+        report (dict): A report (see :func:`build_report`).
+        path (str): The PNG file to write.
+        rank (int, optional): Whose breakdown to draw; the rank the verdict
+            was made on by default.
+        dpi (int): Resolution.
+    """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    rank = worst_rank(report)
+    rank = select_rank(report, rank)
     verdict = report['verdict']
     workers = report['context']['num_workers']
     fig = Figure(figsize=(12, 7.5))

@@ -2,7 +2,7 @@
 import json
 import os
 import os.path as osp
-from typing import List, Sequence
+from typing import List, Optional, Sequence
 
 from .statistics import BASE_STAGES
 from .verdict import SCHEMA, stage_label
@@ -23,12 +23,15 @@ def _table(header: Sequence[str], rows: List[Sequence], title: str) -> str:
     return '\n'.join([title, line(cells[0]), rule, *map(line, cells[1:])])
 
 
-def worst_rank(report: dict) -> dict:
-    """The rank summary the verdict was made on."""
-    wanted = report['verdict'].get('worst_rank', 0)
-    for rank in report['ranks']:
-        if rank['rank'] == wanted:
-            return rank
+def select_rank(report: dict, rank: Optional[int] = None) -> dict:
+    """A rank's summary: ``rank``, or the one the verdict was made on."""
+    wanted = report['verdict'].get('worst_rank', 0) if rank is None else rank
+    for summary in report['ranks']:
+        if summary['rank'] == wanted:
+            return summary
+    if rank is not None:
+        raise ValueError(f'the report has no rank {rank} (ranks: '
+                         f"{[r['rank'] for r in report['ranks']]})")
     return report['ranks'][0]
 
 
@@ -96,9 +99,15 @@ def format_context(report: dict) -> str:
             f"{c['cpus']} cores")
 
 
-def format_report(report: dict) -> str:
-    """The whole report as text: context, tables, verdict, advice."""
-    rank = worst_rank(report)
+def format_report(report: dict, rank: Optional[int] = None) -> str:
+    """The whole report as text: context, tables, verdict, advice.
+
+    Args:
+        report (dict): A report (see :func:`build_report`).
+        rank (int, optional): Whose stage and worker tables to show; the
+            rank the verdict was made on by default.
+    """
+    rank = select_rank(report, rank)
     parts = [
         f'DataMonitor report: {format_context(report)}',
         f"Steps counted: {rank['steps']} (not counted: {rank['skipped']} "

@@ -44,9 +44,10 @@ def _pct(fraction: float) -> str:
 def workers_needed(worker_ms: float, compute_ms: float) -> Optional[int]:
     """Workers that produce one batch per step: ``ceil(worker / compute)``.
 
-    None when no compute time was measured (a consumer doing nothing).
+    None when the consumer's step is too short to size workers for (under
+    1% of a batch's worker time, e.g. a loader benchmark doing nothing).
     """
-    if compute_ms <= 1e-3 or worker_ms <= 0:
+    if worker_ms <= 0 or compute_ms < 0.01 * worker_ms:
         return None
     return max(1, math.ceil(worker_ms / compute_ms))
 
@@ -202,17 +203,20 @@ def _other_advice(rank: dict, context: dict) -> List[dict]:
                 f"first batch took {startup['wait']['mean']:.0f} ms on "
                 'average. Set persistent_workers=True.'))
     cpu, io = rank.get('cpu_share'), rank['stages'].get('io', {})
+    workers = context.get('num_workers', 0)
+    local_ranks = context.get('local_world_size') or 1
+    processes = (workers + 1) * local_ranks  # + the training processes
     if (cpu is not None and cpu < 0.5 and io.get('share', 0.0) < 0.25
-            and rank['batches']):
+            and processes > (context.get('cpus') or 1)):
         advice.append(
             dict(
                 topic='cpu',
                 text=f'Workers were on CPU only {_pct(cpu)} of their batch '
-                'time without waiting for files: they wait for a core '
-                f"({context.get('num_workers', 0)} workers x "
-                f"{context.get('local_world_size') or 1} rank(s) on "
-                f"{context.get('cpus')} cores). Use fewer workers or keep "
-                'cv2/OpenMP at one thread per worker.'))
+                'time without waiting for files, and there are more '
+                f'processes than cores ({workers} workers + 1, x '
+                f"{local_ranks} rank(s), on {context.get('cpus')} cores): "
+                'they wait for a core. Use fewer workers or keep cv2/OpenMP '
+                'at one thread per worker.'))
     return advice
 
 

@@ -152,17 +152,28 @@ class TimedTransform:
         self.position = position
 
     def __call__(self, *args, **kwargs):
-        if self.position is None:
-            return timed_call(self.key, self.transform, *args, **kwargs)
+        # timed_call inlined: this runs for every transform of every sample.
         acc = ACCUMULATOR
+        stack = acc.stack
+        start = _perf_counter()
+        if acc.t_first is None:
+            acc.t_first, acc.cpu_first = start, _thread_time()
         if self.position == 0:
-            acc.attempt_start[self.pipeline] = _perf_counter()
-        result = timed_call(self.key, self.transform, *args, **kwargs)
-        if result is None:
+            acc.attempt_start[self.pipeline] = start
+        stack.append(0.0)
+        try:
+            result = self.transform(*args, **kwargs)
+        finally:
+            elapsed = _perf_counter() - start
+            child = stack.pop()
+            stages = acc.stages
+            stages[self.key] = stages.get(self.key, 0.0) + elapsed - child
+            if stack:
+                stack[-1] += elapsed
+        if result is None and self.position is not None:
             acc.drops[self.key] = acc.drops.get(self.key, 0) + 1
-            start = acc.attempt_start.get(self.pipeline)
-            if start is not None:
-                acc.refetch_time += _perf_counter() - start
+            acc.refetch_time += _perf_counter() - acc.attempt_start.get(
+                self.pipeline, start)
         return result
 
     def __getattr__(self, name: str):

@@ -4,10 +4,13 @@ The loop x workers x persistent x pin_memory x start-method matrix runs the
 sleepy pipeline of monitor_helpers; every run is checked against a run
 without the hook: the model must get the very same batches.
 """
+import glob
 import json
+import os
 import os.path as osp
 
 import pytest
+from helpers import DEMO_CONFIG, TRAIN_SCRIPT, quick_cfg_options
 from mmengine.config import Config
 from monitor_helpers import SleepyCollate, TupleCollate, train
 from torch.utils.data import DataLoader
@@ -15,6 +18,7 @@ from torch.utils.data import DataLoader
 from mmdata_plugin.data_monitor.worker_timing import (TimedCollate,
                                                       TimedTransform)
 from mmdata_plugin.engine import DataMonitorHook, apply_data_monitor_env
+from mmdata_plugin.testing import run_torchrun
 
 LOOPS = ('iter', 'epoch', 'lazy')
 # pin_memory=True runs on this CPU-only machine; torch warns it is a no-op.
@@ -206,3 +210,64 @@ def test_env_variable_turns_the_hook_on_and_off():
 def test_bad_arguments_are_named():
     with pytest.raises(ValueError, match='interval=0'):
         DataMonitorHook(interval=0)
+
+
+SLOW_RANK_PLUGIN = '''
+import os
+import time
+
+from mmengine.registry import TRANSFORMS
+
+
+@TRANSFORMS.register_module()
+class SlowOnRank:
+    """Takes ``ms`` milliseconds per sample on rank ``rank`` only."""
+
+    def __init__(self, rank, ms):
+        self.slow = int(os.environ.get('RANK', 0)) == rank
+        self.ms = ms
+
+    def __call__(self, results):
+        if self.slow:
+            time.sleep(self.ms / 1e3)
+        return results
+'''
+
+
+def test_two_rank_run_names_the_slowed_rank(tmp_path, train_env):
+    (tmp_path / 'slow_rank_plugin.py').write_text(SLOW_RANK_PLUGIN)
+    config = tmp_path / 'slow_rank.py'
+    config.write_text(
+        f'_base_ = [{DEMO_CONFIG!r}]\n'
+        "custom_imports = dict(imports=['mmdata_plugin', 'slow_rank_plugin'],"
+        ' allow_failed_imports=False)\n'
+        'custom_hooks = []  # MMDATA_MONITOR=1 adds the hook\n'
+        'train_dataloader = dict(num_workers=1, dataset=dict(pipeline=['
+        "dict(type='LoadImageFromFile'), "
+        "dict(type='SlowOnRank', rank=1, ms=40), "
+        "dict(type='RandomImageCrop', crop_size=64), "
+        "dict(type='PackImageLabelInputs')]))\n")
+    env = dict(
+        train_env,
+        MMDATA_MONITOR='1',
+        PYTHONPATH=f"{train_env['PYTHONPATH']}{os.pathsep}{tmp_path}")
+    work_dir = tmp_path / 'work'
+    out = run_torchrun(
+        TRAIN_SCRIPT,
+        [str(config), '--work-dir', str(work_dir), '--launcher', 'pytorch',
+         *quick_cfg_options(max_iters=24, interval=24)],
+        env=env).stdout
+
+    assert 'MMDATA_MONITOR=1: DataMonitorHook on.' in out
+    (path, ) = glob.glob(str(work_dir / '*' / 'data_monitor.json'))
+    with open(path) as f:
+        report = json.load(f)
+    verdict = report['verdict']
+    assert [r['rank'] for r in report['ranks']] == [0, 1]
+    assert verdict['worst_rank'] == 1
+    assert verdict['input_bound'] == 'high'
+    assert verdict['rank_wait_shares']['1'] > 4 * verdict[
+        'rank_wait_shares']['0']
+    assert verdict['bottleneck'] == '01_SlowOnRank'
+    assert '(rank 1, the worst of 2)' in out
+    assert 'Rank 1 is starved' in out
