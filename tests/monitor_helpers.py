@@ -156,9 +156,10 @@ class SleepyModel(BaseModel):
         self.seen = []
 
     def train_step(self, data, optim_wrapper):
-        foreign = (set(data) - {'inputs', 'data_samples'}
-                   if isinstance(data, dict) else
-                   {type(x).__name__ for x in data} - {'Tensor'})
+        foreign = (
+            set(data) - {'inputs', 'data_samples'}
+            if isinstance(data, dict) else {type(x).__name__
+                                            for x in data} - {'Tensor'})
         self.seen.append((batch_digest(data), sorted(foreign)))
         time.sleep(self.step_ms / 1e3)
         return super().train_step(data, optim_wrapper)
@@ -235,8 +236,12 @@ class LazyIterBasedTrainLoop(IterBasedTrainLoop):
     ``dataloader_iterator`` is one stable object made in ``__init__`` that
     starts no worker before the first ``next()``."""
 
-    def __init__(self, runner, dataloader, max_iters: int,
-                 val_begin: int = 1, val_interval: int = 1000) -> None:
+    def __init__(self,
+                 runner,
+                 dataloader,
+                 max_iters: int,
+                 val_begin: int = 1,
+                 val_interval: int = 1000) -> None:
         BaseLoop.__init__(self, runner, dataloader)
         self._max_iters, self._max_epochs = int(max_iters), 1
         self._epoch = self._iter = 0
@@ -247,10 +252,24 @@ class LazyIterBasedTrainLoop(IterBasedTrainLoop):
         self.dataloader_iterator = _LazyInfiniteIterator(self.dataloader)
 
 
-def train(work_dir, *, loop='iter', num_workers=2, persistent=True,
-          pin=False, start='fork', monitor=True, step_ms=0.0, max_iters=10,
-          io_ms=0.0, transform_ms=(0.5, 0.5), crop=8, collate=None,
-          dataset=None, hook=None, val=False, **cfg):
+def train(work_dir,
+          *,
+          loop='iter',
+          num_workers=2,
+          persistent=True,
+          pin=False,
+          start='fork',
+          monitor=True,
+          step_ms=0.0,
+          max_iters=10,
+          io_ms=0.0,
+          transform_ms=(0.5, 0.5),
+          crop=8,
+          collate=None,
+          dataset=None,
+          hook=None,
+          val=False,
+          **cfg):
     """Train :class:`SleepyModel` on the sleepy pipeline; return the runner.
 
     ``loop`` is ``'iter'`` / ``'epoch'`` (stock mmengine loops) or

@@ -13,8 +13,7 @@ def parse_args():
         'DataLoaderMonitor) and draw its plot')
     parser.add_argument('report', help='path of data_monitor.json')
     parser.add_argument(
-        '--out',
-        help='PNG to write (default: the report path with .png)')
+        '--out', help='PNG to write (default: the report path with .png)')
     parser.add_argument(
         '--no-plot', action='store_true', help='print the tables only')
     parser.add_argument(

@@ -92,28 +92,31 @@ def main():
         cfg.merge_from_dict(args.cfg_options)
     set_multi_processing(**cfg.get('env_cfg', {}).get('mp_cfg', {}))
     loader_cfg = cfg.train_dataloader
-    print(f"{osp.basename(args.config)}: batch_size={loader_cfg.batch_size}, "
-          f"num_workers={loader_cfg.num_workers}; {args.rounds} rounds x "
-          f'(plain, monitored, monitored, plain), {args.warmup} + '
-          f'{args.batches} batches per run', flush=True)
+    print(
+        f"{osp.basename(args.config)}: batch_size={loader_cfg.batch_size}, "
+        f"num_workers={loader_cfg.num_workers}; {args.rounds} rounds x "
+        f'(plain, monitored, monitored, plain), {args.warmup} + '
+        f'{args.batches} batches per run',
+        flush=True)
 
     rate_ratios, cpu_ratios, rates = [], [], dict(plain=[], monitored=[])
     for round_index in range(args.rounds):
         runs = dict(plain=[], monitored=[])
         for name in ('plain', 'monitored', 'monitored', 'plain'):
             runs[name].append(
-                timed_run(cfg, name == 'monitored', args.warmup,
-                          args.batches))
+                timed_run(cfg, name == 'monitored', args.warmup, args.batches))
         rate = {k: statistics.mean(r for r, _ in v) for k, v in runs.items()}
         cpu = {k: statistics.mean(c for _, c in v) for k, v in runs.items()}
         rate_ratios.append(rate['monitored'] / rate['plain'])
         cpu_ratios.append(cpu['plain'] / cpu['monitored'])
         for name in rates:
             rates[name] += [r for r, _ in runs[name]]
-        print(f"round {round_index + 1}: plain {rate['plain']:6.1f} "
-              f"samples/s ({1e3 * cpu['plain']:.2f} CPU ms/sample), "
-              f"monitored {rate['monitored']:6.1f} samples/s "
-              f"({1e3 * cpu['monitored']:.2f} CPU ms/sample)", flush=True)
+        print(
+            f"round {round_index + 1}: plain {rate['plain']:6.1f} "
+            f"samples/s ({1e3 * cpu['plain']:.2f} CPU ms/sample), "
+            f"monitored {rate['monitored']:6.1f} samples/s "
+            f"({1e3 * cpu['monitored']:.2f} CPU ms/sample)",
+            flush=True)
     print(f"median throughput: plain {statistics.median(rates['plain']):.1f}"
           f", monitored {statistics.median(rates['monitored']):.1f} "
           'samples/s')

@@ -17,7 +17,6 @@ from torch.utils.data import DataLoader, IterableDataset
 from . import probes
 from .worker_timing import TimedCollate, TimedTransform, timed_dataset_class
 
-
 # Instrumentations that may have probes installed in this process (when the
 # loader has no workers, the main process loads the data).
 _probe_users: List['LoaderInstrumentation'] = []
@@ -30,8 +29,8 @@ def _release_probes(user: 'LoaderInstrumentation') -> None:
 
 
 def _is_dataset(obj) -> bool:
-    return (obj is not None
-            and not isinstance(obj, (str, bytes, Mapping, type))
+    return (obj is not None and not isinstance(obj,
+                                               (str, bytes, Mapping, type))
             and (hasattr(obj, '__getitem__') or hasattr(obj, '__iter__')))
 
 
@@ -123,8 +122,7 @@ class LoaderInstrumentation:
             return  # no per-index fetch; transforms and collate are timed
         base = type(dataset)
         try:
-            dataset.__class__ = timed_dataset_class(base,
-                                                    self.split_io_decode)
+            dataset.__class__ = timed_dataset_class(base, self.split_io_decode)
         except TypeError as error:  # e.g. a __slots__ layout
             print_log(
                 f'DataMonitor cannot time whole fetches of {base.__name__} '
@@ -150,9 +148,8 @@ class LoaderInstrumentation:
                 f'{prefix}{pos}_{name}')
             items[pos] = TimedTransform(transform, key, pipeline,
                                         pos if top else None)
-            self._undo.append(
-                lambda items=items, pos=pos, t=transform: items.__setitem__(
-                    pos, t))
+            self._undo.append(lambda items=items, pos=pos, t=transform: items.
+                              __setitem__(pos, t))
             keys.append(key)
             inner = _transform_list(getattr(transform, 'transforms', None))
             if inner is not None:

@@ -31,9 +31,11 @@ from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from .instrument import LoaderInstrumentation
 from .statistics import StatsBook
+from .verdict import build_report
 from .worker_timing import MonitoredBatch
 
 _perf_counter = time.perf_counter
+
 
 class _TimedIterator:
     """Proxy of a DataLoader iterator: times ``next()``, unwraps batches."""
@@ -176,14 +178,13 @@ class DataLoaderMonitor:
         self.dataloader = dataloader
         self.warmup_iters = warmup_iters
         if settle_iters is None:
-            settle_iters = max(
-                1, (dataloader.prefetch_factor or 0) * dataloader.num_workers)
+            settle_iters = max(1, (dataloader.prefetch_factor or 0) *
+                               dataloader.num_workers)
         self.settle_iters = settle_iters
         self.timeline_every = timeline_every
         self.max_timeline_points = max_timeline_points
         self.manual_steps = manual_steps
-        self.instrumentation = LoaderInstrumentation(dataloader,
-                                                     per_transform,
+        self.instrumentation = LoaderInstrumentation(dataloader, per_transform,
                                                      split_io_decode)
         self._base_class: Optional[type] = None
         self.reset()
@@ -254,10 +255,11 @@ class DataLoaderMonitor:
                 loop, 'dataloader_iterator', it)
         else:
             started, replace = None, None
-        for iterator in {id(i): i for i in (persistent, started) if i}.values():
-            _shutdown(iterator)
         if persistent is not None:
+            _shutdown(persistent)
             loader._iterator = None
+        if started is not None and started is not persistent:
+            _shutdown(started)
         if started is None:
             return
         rng_state = torch.get_rng_state()
@@ -296,14 +298,14 @@ class DataLoaderMonitor:
         for long pauses such as validation or checkpoint saving, during
         which the workers fill their queues) the ``settle_iters`` after it.
         """
-        self._skip = max(self._skip,
-                         1 + (self.settle_iters if settle else 0))
+        self._skip = max(self._skip, 1 + (self.settle_iters if settle else 0))
 
     def _on_iter_start(self) -> None:
         self.starts += 1
         self._starting = True
-        self._skip = max(self._skip, self.warmup_iters
-                         if self.starts == 1 else self.settle_iters)
+        self._skip = max(
+            self._skip,
+            self.warmup_iters if self.starts == 1 else self.settle_iters)
 
     def _on_batch(self, requested: float, received: float,
                   record: Optional[dict]) -> None:
@@ -369,8 +371,7 @@ class DataLoaderMonitor:
             worker=book.worker.total,
             batches=book.worker.seen,
             transfer=book.transfer.total,
-            stages={k: b.total
-                    for k, b in book.stages.items()})
+            stages={k: b.total for k, b in book.stages.items()})
 
     def _close_point(self) -> dict:
         now, base = self._sums(), self._point_base
@@ -420,7 +421,8 @@ class DataLoaderMonitor:
         self.window = StatsBook(capacity=1024)
         return summary
 
-    def report(self, rank_summaries: Optional[List[dict]] = None,
+    def report(self,
+               rank_summaries: Optional[List[dict]] = None,
                **context) -> dict:
         """The full report: per-rank figures, verdict and advice.
 
@@ -429,7 +431,6 @@ class DataLoaderMonitor:
                 rank (gathered by the caller); this process's by default.
             **context: Extra context entries (e.g. ``world_size``).
         """
-        from .verdict import build_report
         if rank_summaries is None:
             rank_summaries = [dict(self.summary(), rank=0)]
         return build_report(rank_summaries, **context)
@@ -450,8 +451,8 @@ def _merge_pairs(points: List[dict]) -> List[dict]:
             step=second['step'],
             steps=steps,
             stages={
-                key: first['stages'].get(key, 0.0) * w1 +
-                second['stages'].get(key, 0.0) * w2
+                key: (first['stages'].get(key, 0.0) * w1 +
+                      second['stages'].get(key, 0.0) * w2)
                 for key in keys
             })
         merged.append(point)
@@ -474,15 +475,20 @@ def measure_dataloader(dataloader: DataLoader,
             the loader is measured flat out.
         **monitor_args: :class:`DataLoaderMonitor` arguments.
     """
+    if num_batches < 1:
+        raise ValueError(f'num_batches must be >= 1, got {num_batches}')
     with DataLoaderMonitor(dataloader, **monitor_args) as monitor:
         taken = 0
         while taken < num_batches:
+            before = taken
             for batch in dataloader:
                 if step_fn is not None:
                     step_fn(batch)
                 taken += 1
                 if taken == num_batches:
                     break
+            if taken == before:
+                raise ValueError('the DataLoader yields no batches')
         return monitor.report()
 
 

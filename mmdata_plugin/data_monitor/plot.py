@@ -4,7 +4,7 @@ Drawn with matplotlib's Agg canvas directly (no pyplot), so it never
 changes the backend of the process it runs in.
 """
 import textwrap
-from typing import Dict, List, Optional
+from typing import List, Optional, Tuple
 
 from .report import select_rank
 from .statistics import BASE_STAGES
@@ -12,29 +12,37 @@ from .verdict import input_bound_level, stage_label
 
 #: Transforms drawn individually; the cheaper ones are summed as "other".
 MAX_TRANSFORMS = 6
+#: Fixed colours so both breakdown panels read alike.
+BASE_COLORS = dict(
+    io='#1f77b4',
+    decode='#aec7e8',
+    fetch='#ff9896',
+    collate='#9467bd',
+    transforms='#ff7f0e')
+TRANSFORM_COLORS = ('#ff7f0e', '#ffbb78', '#2ca02c', '#98df8a', '#d62728',
+                    '#c49c94')
+OTHER_COLOR = '#c7c7c7'
+LEVEL_COLORS = dict(none='#31a354', moderate='#fd8d3c', high='#de2d26')
 
 
-def _stage_series(rank: dict) -> Dict[str, List[float]]:
-    """Timeline of per-batch ms per drawn stage, cheapest transforms merged."""
+def _stage_series(rank: dict) -> List[Tuple[str, str, List[float]]]:
+    """``(label, colour, per-batch ms over time)`` of each drawn stage."""
     points = rank['timeline']
-    transforms = sorted(rank['transforms'],
-                        key=lambda k: -rank['transforms'][k]['mean'])
+    transforms = sorted(
+        rank['transforms'], key=lambda k: -rank['transforms'][k]['mean'])
     shown, rest = transforms[:MAX_TRANSFORMS], transforms[MAX_TRANSFORMS:]
-    series = {}
-    for key in BASE_STAGES[:2]:
-        if key in rank['stages']:
-            series[stage_label(key)] = [p['stages'].get(key, 0.0)
-                                        for p in points]
-    for key in shown:
-        series[key] = [p['stages'].get(key, 0.0) for p in points]
+
+    def values(keys):
+        return [sum(p['stages'].get(k, 0.0) for k in keys) for p in points]
+
+    series = [(stage_label(key), BASE_COLORS[key], values([key]))
+              for key in BASE_STAGES[:2] if key in rank['stages']]
+    series += [(key, color, values([key]))
+               for key, color in zip(shown, TRANSFORM_COLORS)]
     if rest:
-        series['other transforms'] = [
-            sum(p['stages'].get(k, 0.0) for k in rest) for p in points
-        ]
-    for key in BASE_STAGES[2:]:
-        if key in rank['stages']:
-            series[stage_label(key)] = [p['stages'].get(key, 0.0)
-                                        for p in points]
+        series.append(('other transforms', OTHER_COLOR, values(rest)))
+    series += [(stage_label(key), BASE_COLORS[key], values([key]))
+               for key in BASE_STAGES[2:] if key in rank['stages']]
     return series
 
 
@@ -55,92 +63,114 @@ def plot_report(report: dict,
     from matplotlib.figure import Figure
 
     rank = select_rank(report, rank)
-    verdict = report['verdict']
-    workers = report['context']['num_workers']
     fig = Figure(figsize=(12, 7.5))
     FigureCanvasAgg(fig)
     grid = fig.add_gridspec(2, 2, width_ratios=(3, 2))
-    series = _stage_series(rank)
-    colors = dict(zip(series, _palette(len(series))))
-
     over_time = fig.add_subplot(grid[0, 0])
-    steps = [p['step'] for p in rank['timeline']]
-    if steps:
-        over_time.stackplot(
-            steps, *series.values(), labels=list(series),
-            colors=[colors[k] for k in series])
-        capacity = [p['compute'] * max(workers, 1) for p in rank['timeline']]
-        over_time.plot(
-            steps, capacity, 'k--', lw=1.2,
-            label=f'budget: compute x {max(workers, 1)} worker(s)')
-        over_time.legend(fontsize=7, loc='upper left', ncol=2)
-    over_time.set_title(f"Worker time per batch by stage (rank {rank['rank']})",
-                        fontsize=10)
-    over_time.set_xlabel('iteration')
-    over_time.set_ylabel('ms per batch')
-
-    per_step = fig.add_subplot(grid[1, 0], sharex=over_time)
-    if steps:
-        per_step.stackplot(
-            steps, [p['compute'] for p in rank['timeline']],
-            [p['wait'] for p in rank['timeline']],
-            labels=['compute (model, hooks)', 'waiting for data'],
-            colors=['#9ecae1', '#de2d26'])
-        per_step.legend(fontsize=7, loc='upper left')
-    per_step.set_title('Training step: compute vs waiting for data',
-                       fontsize=10)
-    per_step.set_xlabel('iteration')
-    per_step.set_ylabel('ms per step')
-
-    _plot_workers(fig.add_subplot(grid[0, 1]), rank, colors)
+    _plot_breakdown(over_time, rank, report['context']['num_workers'])
+    _plot_steps(fig.add_subplot(grid[1, 0], sharex=over_time), rank)
+    _plot_workers(fig.add_subplot(grid[0, 1]), rank)
     _plot_ranks(fig.add_subplot(grid[1, 1]), report)
-    fig.suptitle(textwrap.fill(verdict['summary'], 130), fontsize=10)
-    fig.tight_layout(rect=(0, 0, 1, 0.94))
+    fig.suptitle(textwrap.fill(report['verdict']['summary'], 130), fontsize=10)
+    fig.tight_layout(rect=(0, 0, 1, 0.95))
     fig.savefig(path, dpi=dpi)
     return path
 
 
-def _plot_workers(ax, rank: dict, colors: dict) -> None:
+def _plot_breakdown(ax, rank: dict, workers: int) -> None:
+    points = rank['timeline']
+    steps = [p['step'] for p in points]
+    ax.set_title(
+        f"Worker time per batch by stage (rank {rank['rank']})", fontsize=10)
+    ax.set_xlabel('iteration')
+    ax.set_ylabel('ms per batch')
+    if not points:
+        return
+    series = _stage_series(rank)
+    ax.stackplot(
+        steps,
+        *[v for _, _, v in series],
+        labels=[label for label, _, _ in series],
+        colors=[color for _, color, _ in series])
+    # A batch may take this long on one worker and still be in time.
+    parallel = max(workers, 1)
+    budget = [p['compute'] * parallel for p in points]
+    ax.plot(
+        steps,
+        budget,
+        'k--',
+        lw=1.2,
+        label=f'in time below: step compute x {parallel} worker(s)')
+    top = 1.8 * max(p['worker'] for p in points) or 1.0
+    ax.set_ylim(0, top)
+    if min(budget) > top:
+        ax.text(
+            0.99,
+            0.97, f'in time below {min(budget):.0f} ms: off the '
+            'chart',
+            transform=ax.transAxes,
+            ha='right',
+            va='top',
+            fontsize=7)
+    ax.legend(fontsize=7, loc='upper left', ncol=2, framealpha=0.85)
+
+
+def _plot_steps(ax, rank: dict) -> None:
+    points = rank['timeline']
+    ax.set_title('Training step: compute vs waiting for data', fontsize=10)
+    ax.set_xlabel('iteration')
+    ax.set_ylabel('ms per step')
+    if not points:
+        return
+    ax.stackplot([p['step'] for p in points], [p['compute'] for p in points],
+                 [p['wait'] for p in points],
+                 labels=['compute (model, hooks)', 'waiting for data'],
+                 colors=['#9ecae1', LEVEL_COLORS['high']])
+    ax.legend(fontsize=7, loc='upper left', framealpha=0.85)
+
+
+def _plot_workers(ax, rank: dict) -> None:
     workers = rank['workers']
-    labels = ['main' if w['worker'] < 0 else f"w{w['worker']}"
-              for w in workers]
-    parts = [(stage_label('io'), 'io'), (stage_label('decode'), 'decode'),
-             ('transforms', 'transforms'), (stage_label('fetch'), 'fetch'),
-             (stage_label('collate'), 'collate')]
+    labels = [
+        'main' if w['worker'] < 0 else f"worker {w['worker']}" for w in workers
+    ]
     left = [0.0] * len(workers)
-    palette = _palette(len(parts))
-    for (label, key), color in zip(parts, palette):
+    for key in ('io', 'decode', 'transforms', 'fetch', 'collate'):
         values = [w['stages'][key] for w in workers]
         if not any(values):
             continue
-        ax.barh(labels, values, left=left, color=colors.get(label, color),
-                label=label)
+        ax.barh(
+            labels,
+            values,
+            left=left,
+            color=BASE_COLORS[key],
+            label=stage_label(key))
         left = [a + b for a, b in zip(left, values)]
-    ax.plot([w['time']['p90'] for w in workers], labels, 'k|', ms=14,
+    ax.plot([w['time']['p90'] for w in workers],
+            labels,
+            'k|',
+            ms=16,
+            mew=2,
             label='p90')
-    ax.set_title('Per worker: mean ms per batch (| = p90)', fontsize=10)
+    ax.set_title('Per worker: mean ms per batch by stage', fontsize=10)
     ax.invert_yaxis()
-    ax.legend(fontsize=7, loc='lower right')
+    ax.legend(
+        fontsize=7, loc='upper center', bbox_to_anchor=(0.5, -0.08), ncol=3)
 
 
 def _plot_ranks(ax, report: dict) -> None:
     ranks = report['ranks']
     labels = [f"rank {r['rank']}" for r in ranks]
     shares = [100 * r['wait_share'] for r in ranks]
-    level_colors = dict(none='#31a354', moderate='#fd8d3c', high='#de2d26')
-    colors = [level_colors[input_bound_level(s / 100)] for s in shares]
-    ax.barh(labels, shares, color=colors)
+    ax.barh(
+        labels,
+        shares,
+        color=[LEVEL_COLORS[input_bound_level(s / 100)] for s in shares])
     for y, share in enumerate(shares):
         ax.text(share, y, f' {share:.1f}%', va='center', fontsize=8)
-    ax.axvline(5, color='grey', lw=0.8, ls=':')
-    ax.axvline(20, color='grey', lw=0.8, ls=':')
+    for line in (5, 20):
+        ax.axvline(line, color='grey', lw=0.8, ls=':')
     ax.set_xlim(0, max(max(shares, default=0) * 1.25, 25))
     ax.invert_yaxis()
-    ax.set_title('Share of step time waiting for data (5% / 20% lines)',
-                 fontsize=10)
-
-
-def _palette(n: int) -> list:
-    from matplotlib import colormaps
-    cmap = colormaps['tab20']
-    return [cmap(i % 20) for i in range(n)]
+    ax.set_title(
+        'Share of step time waiting for data (5% / 20% lines)', fontsize=10)

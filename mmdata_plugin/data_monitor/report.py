@@ -42,8 +42,8 @@ def format_stage_table(rank: dict) -> str:
         if key in rank['stages']:
             rows.append((stage_label(key), rank['stages'][key]))
     rows += [(f'  {key}', stats) for key, stats in rank['transforms'].items()]
-    rows += [(stage_label(key), rank['stages'][key])
-             for key in BASE_STAGES[2:] if key in rank['stages']]
+    rows += [(stage_label(key), rank['stages'][key]) for key in BASE_STAGES[2:]
+             if key in rank['stages']]
     body = [(name, s['mean'], s['p50'], s['p90'], f"{100 * s['share']:.0f}%")
             for name, s in rows]
     worker = rank['worker']
@@ -51,8 +51,8 @@ def format_stage_table(rank: dict) -> str:
                  worker['p90'], '100%'))
     for name in ('transfer', 'wait', 'compute'):
         s = rank[name]
-        body.append((f'{name} (training process)', s['mean'], s['p50'],
-                     s['p90'], ''))
+        body.append(
+            (f'{name} (training process)', s['mean'], s['p50'], s['p90'], ''))
     return _table(('stage (ms per batch)', 'mean', 'p50', 'p90', 'share'),
                   body, f"Where the data time goes (rank {rank['rank']}, "
                   f"{rank['steps']} steps; transforms: self time):")
@@ -66,15 +66,14 @@ def format_worker_table(rank: dict, title: str = '') -> str:
         rows.append(('main' if w['worker'] < 0 else str(w['worker']),
                      ','.join(map(str, w['pids'])) +
                      ('...' if w['processes'] > len(w['pids']) else ''),
-                     str(w['batches']), time['mean'], time['p90'],
-                     time['max'], stages['io'], stages['decode'],
-                     stages['transforms'], stages['fetch'], stages['collate'],
-                     w['transfer'], w['slack'],
-                     f"{100 * w['cpu_share']:.0f}%"))
-    return _table(('worker', 'pid', 'batches', 'mean', 'p90', 'max', 'io',
-                   'decode', 'transforms', 'fetch', 'collate', 'transfer',
-                   'slack', 'cpu'), rows, title or
-                  f"Per worker (rank {rank['rank']}, ms per batch):")
+                     str(w['batches']), time['mean'], time['p90'], time['max'],
+                     stages['io'], stages['decode'], stages['transforms'],
+                     stages['fetch'], stages['collate'], w['transfer'],
+                     w['slack'], f"{100 * w['cpu_share']:.0f}%"))
+    return _table(
+        ('worker', 'pid', 'batches', 'mean', 'p90', 'max', 'io', 'decode',
+         'transforms', 'fetch', 'collate', 'transfer', 'slack', 'cpu'), rows,
+        title or f"Per worker (rank {rank['rank']}, ms per batch):")
 
 
 def format_rank_table(report: dict) -> str:
@@ -82,8 +81,9 @@ def format_rank_table(report: dict) -> str:
              f"{100 * r['wait_share']:.1f}%", r['wait']['mean'],
              r['compute']['mean'], r['worker']['mean'], str(r['steps']))
             for r in report['ranks']]
-    return _table(('rank', 'host', 'waiting', 'wait', 'compute', 'worker',
-                   'steps'), rows, 'Per rank (ms per step):')
+    return _table(
+        ('rank', 'host', 'waiting', 'wait', 'compute', 'worker', 'steps'),
+        rows, 'Per rank (ms per step):')
 
 
 def format_context(report: dict) -> str:

@@ -101,8 +101,10 @@ class WorkerStats:
             processes=len(self.pids),
             batches=batches,
             time=self.time.describe(),
-            stages={k: 1e3 * v / batches
-                    for k, v in stages.items()},
+            stages={
+                k: 1e3 * v / batches
+                for k, v in stages.items()
+            },
             transfer=1e3 * self.transfer / batches,
             slack=1e3 * self.slack / batches,
             cpu_share=self.cpu / max(self.time.total, 1e-12))
@@ -208,8 +210,8 @@ class StatsBook:
             transfer=self.transfer.describe(),
             slack=self.slack.describe(),
             wait_share=wait / (wait + compute) if wait + compute else 0.0,
-            cpu_share=self.cpu / self.worker.total
-            if self.worker.total else None,
+            cpu_share=(self.cpu / self.worker.total
+                       if self.worker.total else None),
             stages={
                 key: stage(self.stages[key])
                 for key in BASE_STAGES if key in self.stages
@@ -222,8 +224,8 @@ class StatsBook:
             refetch=dict(
                 count=refetched,
                 per_sample=refetched / self.samples if self.samples else 0.0,
-                ms_per_batch=1e3 * self.refetch_time / batches
-                if batches else 0.0,
+                ms_per_batch=(1e3 * self.refetch_time / batches
+                              if batches else 0.0),
                 drops=dict(self.drops)),
             workers=[
                 stats.summary(worker)

@@ -12,7 +12,6 @@ import os
 from statistics import median
 from typing import List, Optional
 
-
 SCHEMA = 'mmdata_plugin.data_monitor/1'
 MODERATE, HIGH = 0.05, 0.20
 #: A worker whose p90 batch time exceeds the median of all workers' p90 by
@@ -81,13 +80,18 @@ def find_bottleneck(rank: dict, num_workers: int):
 def _stage_advice(key: str, rank: dict, context: dict) -> Optional[str]:
     worker_ms = rank['worker']['mean']
     if key == 'transfer':
-        ms = rank['transfer']['mean']
+        ms, slack = rank['transfer']['mean'], rank['slack']['mean']
         pin = '' if context.get('pin_memory') else (
-            ' and set pin_memory=True for GPU training')
+            ', and set pin_memory=True for GPU training')
+        ready = (f'Batches were ready {slack:.0f} ms before they were '
+                 'asked for on average, so the training process itself is '
+                 'slow to take them (short of CPU, or unpickling large '
+                 'per-sample objects). ') if slack > ms else ''
         return (f'Moving a batch to the training process takes {ms:.1f} ms '
-                '(unpickling, shared memory, pinning): collate uint8 images '
-                'and normalise in the model\'s data_preprocessor, keep '
-                f'per-sample Python objects small{pin}.')
+                f'(unpickling, shared memory, pinning). {ready}Collate '
+                "uint8 images and normalise in the model's "
+                'data_preprocessor, keep per-sample Python objects small'
+                f'{pin}.')
     cost = stage_costs(rank).get(key, 0.0)
     share = cost / worker_ms if worker_ms else 0.0
     head = (f'{stage_label(key)} is {_pct(share)} of worker time '
@@ -238,8 +242,7 @@ def judge(ranks: List[dict], context: dict) -> dict:
     worst = max(measured, key=lambda r: r['wait_share'])
     level = input_bound_level(worst['wait_share'])
     workers = context.get('num_workers', 0)
-    needed = workers_needed(worst['worker']['mean'],
-                            worst['compute']['mean'])
+    needed = workers_needed(worst['worker']['mean'], worst['compute']['mean'])
     bottleneck, bottleneck_share = find_bottleneck(worst, workers)
     where = f" (rank {worst['rank']}, the worst of {len(ranks)})" if len(
         ranks) > 1 else ''
@@ -300,9 +303,12 @@ def build_report(rank_summaries: List[dict], **context) -> dict:
         created=datetime.datetime.now().isoformat(timespec='seconds'),
         context=merged,
         pipelines=ranks[0]['pipelines'],
-        verdict={k: v
-                 for k, v in verdict.items() if k != 'advice'},
+        verdict={
+            k: v
+            for k, v in verdict.items() if k != 'advice'
+        },
         advice=verdict['advice'],
-        ranks=[{k: v
-                for k, v in r.items() if k not in ('pipelines', )}
-               for r in ranks])
+        ranks=[{
+            k: v
+            for k, v in r.items() if k not in ('pipelines', )
+        } for r in ranks])

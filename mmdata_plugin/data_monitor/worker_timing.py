@@ -20,11 +20,11 @@ import time
 from typing import Any, Callable, Dict, Optional
 
 from torch.utils.data import get_worker_info
-
-from . import probes
 # torch's own recursive pinning (a private module): MonitoredBatch hands its
 # batch to it so that pin_memory=True pins exactly what it pins without us.
 from torch.utils.data._utils.pin_memory import pin_memory as _pin_memory
+
+from . import probes
 
 _perf_counter = time.perf_counter
 _thread_time = time.thread_time
@@ -282,8 +282,7 @@ def _reduce_timed_dataset(self, protocol):
     timed = type(self)
     rebuild, args, *rest = timed._dm_base.__reduce_ex__(self, protocol)
     args = tuple(timed._dm_base if arg is timed else arg for arg in args)
-    return (_rebuild_timed_dataset, (rebuild, args, timed._dm_probes),
-            *rest)
+    return (_rebuild_timed_dataset, (rebuild, args, timed._dm_probes), *rest)
 
 
 def _rebuild_timed_dataset(rebuild: Callable, args: tuple,

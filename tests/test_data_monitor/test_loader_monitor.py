@@ -22,14 +22,19 @@ from mmdata_plugin.engine import DataMonitorHook
 
 def _loader(dataset, **kwargs):
     return DataLoader(
-        dataset, batch_size=2, collate_fn=kwargs.pop('collate_fn', None) or
-        SleepyCollate(0), **kwargs)
+        dataset,
+        batch_size=2,
+        collate_fn=kwargs.pop('collate_fn', None) or SleepyCollate(0),
+        **kwargs)
 
 
 def test_steps_after_starts_pauses_and_skips_are_not_counted():
     loader = DataLoader(list(range(40)), batch_size=2)
     monitor = DataLoaderMonitor(
-        loader, warmup_iters=2, settle_iters=1, manual_steps=True,
+        loader,
+        warmup_iters=2,
+        settle_iters=1,
+        manual_steps=True,
         timeline_every=2).install()
 
     def take(n_steps, batches_per_step=1):
@@ -126,39 +131,38 @@ def test_wrapped_datasets_and_nested_transforms_are_timed(wrapper):
     dataset = wrapper(nested, **args)
     report, transforms = _measure(dataset)
 
-    assert [(p['id'], p['dataset'], p['dataset_type'])
-            for p in report['pipelines']] == [('p0', 'dataset.dataset',
-                                               'SleepyDataset')]
+    assert [
+        (p['id'], p['dataset'], p['dataset_type']) for p in report['pipelines']
+    ] == [('p0', 'dataset.dataset', 'SleepyDataset')]
     assert report['pipelines'][0]['transforms'] == NESTED_KEYS
     assert sorted(transforms) == sorted(RUN_KEYS)
     # Wrappers are charged their own time only, not their children's.
-    assert (transforms['01_RandomApply']['mean'] <
-            transforms['01_RandomApply.0_Sleep']['mean'] / 4)
+    assert (transforms['01_RandomApply']['mean']
+            < transforms['01_RandomApply.0_Sleep']['mean'] / 4)
     assert transforms['01_RandomApply.0_Sleep']['mean'] >= 2 * 2
     assert type(dataset) is wrapper
     assert not isinstance(nested.pipeline.transforms[1], TimedTransform)
     assert not isinstance(
-        nested.pipeline.transforms[1].transforms.transforms[0],
-        TimedTransform)
+        nested.pipeline.transforms[1].transforms.transforms[0], TimedTransform)
 
 
 def test_concatenated_pipelines_are_told_apart():
     plain = SleepyDataset(num=6, pipeline=sleepy_pipeline((0.5, )))
     report, transforms = _measure(ConcatDataset([_nested(), plain]))
-    assert [(p['id'], p['dataset']) for p in report['pipelines']] == [
-        ('p0', 'dataset.datasets[0]'), ('p1', 'dataset.datasets[1]')
-    ]
-    assert sorted(transforms) == sorted(
-        [f'p0:{key}' for key in RUN_KEYS] + [
-            'p1:00_LoadImageFromFile', 'p1:01_Sleep',
-            'p1:02_PackImageLabelInputs'
-        ])
+    assert [(p['id'], p['dataset'])
+            for p in report['pipelines']] == [('p0', 'dataset.datasets[0]'),
+                                              ('p1', 'dataset.datasets[1]')]
+    assert sorted(transforms) == sorted([f'p0:{key}' for key in RUN_KEYS] + [
+        'p1:00_LoadImageFromFile', 'p1:01_Sleep', 'p1:02_PackImageLabelInputs'
+    ])
 
 
 def test_refetched_samples_are_counted_with_their_cost():
     dataset = SleepyDataset(
-        num=12, pipeline=[Sleep(1), DropEvery(3),
-                          dict(type='LoadImageFromFile')])
+        num=12,
+        pipeline=[Sleep(1),
+                  DropEvery(3),
+                  dict(type='LoadImageFromFile')])
     report = measure_dataloader(_loader(dataset), 12, warmup_iters=0)
     refetch = report['ranks'][0]['refetch']
     assert refetch['drops'] == {'01_DropEvery': refetch['count']}
@@ -217,9 +221,9 @@ def test_timed_objects_survive_pickling_for_spawn_workers():
     batch = collate([copy[0], copy[5]])
     assert isinstance(batch, MonitoredBatch)
     assert batch.record['samples'] == 2
-    assert set(batch.record['stages']) >= {'fetch', 'io', 'decode',
-                                           'collate', 'p0:01_Sleep',
-                                           'p1:01_Sleep'}
+    assert set(batch.record['stages']) >= {
+        'fetch', 'io', 'decode', 'collate', 'p0:01_Sleep', 'p1:01_Sleep'
+    }
 
 
 def test_probes_time_only_inside_monitored_fetches():

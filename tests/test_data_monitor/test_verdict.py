@@ -22,11 +22,23 @@ CONTEXT = dict(
     host='node0')
 
 
-def fake_rank(rank=0, wait=1.0, compute=50.0, stages=None, cpu=1.0,
-              slow_worker=None, drops=None, startups=1, steps=40, **context):
+def fake_rank(rank=0,
+              wait=1.0,
+              compute=50.0,
+              stages=None,
+              cpu=1.0,
+              slow_worker=None,
+              drops=None,
+              startups=1,
+              steps=40,
+              **context):
     """A rank summary from ``steps`` steps of the given costs (ms)."""
-    stages = stages or {'io': 2.0, 'decode': 10.0, '01_Resize': 5.0,
-                        'collate': 1.0}
+    stages = stages or {
+        'io': 2.0,
+        'decode': 10.0,
+        '01_Resize': 5.0,
+        'collate': 1.0
+    }
     context = dict(CONTEXT, **context)
     book = StatsBook()
     clock = 0.0
@@ -36,19 +48,30 @@ def fake_rank(rank=0, wait=1.0, compute=50.0, stages=None, cpu=1.0,
         costs = {k: scale * v / 1e3 for k, v in stages.items()}
         end = clock + sum(costs.values())
         requested = end + 1e-3
-        record = dict(pid=100 + worker, worker=worker, samples=4,
-                      start=clock, end=end, cpu=cpu * (end - clock),
-                      stages=costs, drops=dict(drops or {}),
-                      refetch_time=0.0)
+        record = dict(
+            pid=100 + worker,
+            worker=worker,
+            samples=4,
+            start=clock,
+            end=end,
+            cpu=cpu * (end - clock),
+            stages=costs,
+            drops=dict(drops or {}),
+            refetch_time=0.0)
         book.add(wait / 1e3, compute / 1e3, record, requested,
                  requested + wait / 1e3)
         clock = requested + 1.0
     summary = book.summary()
-    summary.update(rank=rank, skipped=0, timeline=[], context=context,
-                   pipelines=[],
-                   startup=dict(count=startups,
-                                wait=dict(mean=800.0, p50=800.0, p90=800.0,
-                                          max=800.0, count=startups)))
+    summary.update(
+        rank=rank,
+        skipped=0,
+        timeline=[],
+        context=context,
+        pipelines=[],
+        startup=dict(
+            count=startups,
+            wait=dict(
+                mean=800.0, p50=800.0, p90=800.0, max=800.0, count=startups)))
     return summary
 
 
@@ -83,8 +106,14 @@ def test_compute_bound_run_gets_no_stage_advice():
 
 def test_decode_bound_run_names_decode_and_the_workers_needed():
     report = _report(
-        fake_rank(wait=9.0, compute=10.0,
-                  stages={'io': 2.0, 'decode': 30.0, '01_Resize': 5.0}))
+        fake_rank(
+            wait=9.0,
+            compute=10.0,
+            stages={
+                'io': 2.0,
+                'decode': 30.0,
+                '01_Resize': 5.0
+            }))
     verdict = report['verdict']
     assert verdict['input_bound'] == 'high'
     assert verdict['wait_share'] == pytest.approx(9 / 19)
@@ -103,15 +132,21 @@ def test_decode_bound_run_names_decode_and_the_workers_needed():
 
 def test_worker_advice_depends_on_cores_and_cpu_use():
     cpu_bound = _report(
-        fake_rank(wait=9.0, compute=10.0, cpus=2,
-                  stages={'decode': 37.0}))
+        fake_rank(wait=9.0, compute=10.0, cpus=2, stages={'decode': 37.0}))
     assert ('4 workers would keep up (a batch takes 37.0 ms of one worker '
             'and a training step 10.0 ms), but there are 2 cores'
             ) in cpu_bound['advice'][0]['text']
     # Workers that wait on storage need no core each.
     io_bound = _report(
-        fake_rank(wait=9.0, compute=10.0, cpus=2, cpu=0.1,
-                  stages={'io': 35.0, 'decode': 2.0}))
+        fake_rank(
+            wait=9.0,
+            compute=10.0,
+            cpus=2,
+            cpu=0.1,
+            stages={
+                'io': 35.0,
+                'decode': 2.0
+            }))
     assert io_bound['advice'][0]['text'].startswith(
         'Raise num_workers from 2 to 4')
     assert 'the storage is slow' in io_bound['advice'][1]['text']
@@ -120,13 +155,13 @@ def test_worker_advice_depends_on_cores_and_cpu_use():
 
 def test_cpu_starved_workers_are_told_only_when_cores_are_oversubscribed():
     stages = {'decode': 37.0}
-    crowded = _report(fake_rank(wait=9.0, compute=10.0, cpu=0.3, cpus=2,
-                                stages=stages))
+    crowded = _report(
+        fake_rank(wait=9.0, compute=10.0, cpu=0.3, cpus=2, stages=stages))
     assert 'cpu' in _topics(crowded)
     assert 'more processes than cores (2 workers + 1, x 1 rank(s), on 2 ' \
         'cores)' in crowded['advice'][-1]['text']
-    roomy = _report(fake_rank(wait=9.0, compute=10.0, cpu=0.3, cpus=8,
-                              stages=stages))
+    roomy = _report(
+        fake_rank(wait=9.0, compute=10.0, cpu=0.3, cpus=8, stages=stages))
     assert 'cpu' not in _topics(roomy)
 
 
@@ -140,8 +175,13 @@ def test_slow_transfer_is_the_bottleneck_over_cheap_workers():
 
 def test_straggler_worker_refetches_and_restarts_are_reported():
     report = _report(
-        fake_rank(wait=9.0, compute=10.0, slow_worker=1, persistent_workers=False,
-                  startups=3, drops={'02_Filter': 1}))
+        fake_rank(
+            wait=9.0,
+            compute=10.0,
+            slow_worker=1,
+            persistent_workers=False,
+            startups=3,
+            drops={'02_Filter': 1}))
     assert _topics(report) == [
         'workers', 'stage', 'straggler', 'refetch', 'persistent_workers'
     ]
@@ -183,10 +223,19 @@ def test_a_run_shorter_than_the_warmup_has_no_verdict():
 def test_report_file_round_trip_and_plot(tmp_path):
     report = _report(fake_rank(wait=9.0, compute=10.0))
     report['ranks'][0]['timeline'] = [
-        dict(step=s, steps=10, wait=9.0, compute=10.0, worker=18.0,
-             transfer=0.1, stages={'io': 2.0, 'decode': 10.0,
-                                   '01_Resize': 5.0, 'collate': 1.0})
-        for s in (10, 20, 30)
+        dict(
+            step=s,
+            steps=10,
+            wait=9.0,
+            compute=10.0,
+            worker=18.0,
+            transfer=0.1,
+            stages={
+                'io': 2.0,
+                'decode': 10.0,
+                '01_Resize': 5.0,
+                'collate': 1.0
+            }) for s in (10, 20, 30)
     ]
     path = str(tmp_path / 'out' / 'data_monitor.json')
     save_report(report, path)

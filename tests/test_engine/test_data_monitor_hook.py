@@ -121,10 +121,10 @@ def test_verdict_flips_with_the_model_step_and_names_the_stage(tmp_path):
         assert stages['collate']['mean'] >= 3
         assert 0 < stages['decode']['mean'] < stages['io']['mean']
         # Self time: the loader transform is not charged its read/decode.
-        assert (transforms['00_LoadImageFromFile']['mean'] <
-                stages['io']['mean'] / 2)
-        parts = sum(s['mean'] for s in [*stages.values(),
-                                        *transforms.values()])
+        assert (transforms['00_LoadImageFromFile']['mean']
+                < stages['io']['mean'] / 2)
+        parts = sum(s['mean']
+                    for s in [*stages.values(), *transforms.values()])
         assert 0.8 * rank['worker']['mean'] <= parts <= rank['worker']['mean']
         assert report['verdict']['bottleneck'] == '02_Sleep'
     assert fast['verdict']['workers_needed'] >= 2
@@ -150,7 +150,8 @@ def test_validation_checkpoints_and_resume_are_not_counted(tmp_path):
         val=4,
         hook=dict(warmup_iters=0, settle_iters=0, table_interval=0),
         default_hooks=dict(
-            checkpoint=dict(type='CheckpointHook', interval=6, by_epoch=False)))
+            checkpoint=dict(type='CheckpointHook', interval=6,
+                            by_epoch=False)))
     rank = _report(runner)['ranks'][0]
     # 12 steps: the start-up batch and the steps right after validation
     # (4, 8) and checkpoint (6) are not counted (12 is the last).
@@ -183,8 +184,8 @@ def test_outputs_log_line_visualizer_tables_and_png(tmp_path):
     assert 'Input-bound: ' in log
     assert osp.getsize(osp.join(runner.log_dir, 'data_monitor.png')) > 10_000
     scalars = [
-        json.loads(line) for line in open(
-            osp.join(runner.log_dir, 'vis_data', 'scalars.json'))
+        json.loads(line)
+        for line in open(osp.join(runner.log_dir, 'vis_data', 'scalars.json'))
     ]
     logged = [s for s in scalars if 'dm_wait_time' in s]
     assert logged and all('dm_input_bound' in s for s in logged)
@@ -196,9 +197,8 @@ def test_env_variable_turns_the_hook_on_and_off():
     cfg = Config(dict(custom_hooks=[dict(type='EMAHook')]))
     assert apply_data_monitor_env(cfg, {}) is None
     assert apply_data_monitor_env(cfg, {'MMDATA_MONITOR': '1'}) is True
-    assert [h['type'] for h in cfg.custom_hooks] == [
-        'EMAHook', 'DataMonitorHook'
-    ]
+    assert [h['type']
+            for h in cfg.custom_hooks] == ['EMAHook', 'DataMonitorHook']
     apply_data_monitor_env(cfg, {'MMDATA_MONITOR': '1'})  # no duplicate
     assert len(cfg.custom_hooks) == 2
     assert apply_data_monitor_env(cfg, {'MMDATA_MONITOR': 'off'}) is False
@@ -253,9 +253,11 @@ def test_two_rank_run_names_the_slowed_rank(tmp_path, train_env):
         PYTHONPATH=f"{train_env['PYTHONPATH']}{os.pathsep}{tmp_path}")
     work_dir = tmp_path / 'work'
     out = run_torchrun(
-        TRAIN_SCRIPT,
-        [str(config), '--work-dir', str(work_dir), '--launcher', 'pytorch',
-         *quick_cfg_options(max_iters=24, interval=24)],
+        TRAIN_SCRIPT, [
+            str(config), '--work-dir',
+            str(work_dir), '--launcher', 'pytorch',
+            *quick_cfg_options(max_iters=24, interval=24)
+        ],
         env=env).stdout
 
     assert 'MMDATA_MONITOR=1: DataMonitorHook on.' in out
@@ -266,8 +268,8 @@ def test_two_rank_run_names_the_slowed_rank(tmp_path, train_env):
     assert [r['rank'] for r in report['ranks']] == [0, 1]
     assert verdict['worst_rank'] == 1
     assert verdict['input_bound'] == 'high'
-    assert verdict['rank_wait_shares']['1'] > 4 * verdict[
-        'rank_wait_shares']['0']
+    assert verdict['rank_wait_shares'][
+        '1'] > 4 * verdict['rank_wait_shares']['0']
     assert verdict['bottleneck'] == '01_SlowOnRank'
     assert '(rank 1, the worst of 2)' in out
     assert 'Rank 1 is starved' in out

@@ -31,8 +31,9 @@ def test_analyze_rerenders_tables_and_plot(tmp_path, train_env):
     assert osp.getsize(tmp_path / 'data_monitor.png') > 10_000
 
     with pytest.raises(ProcessFailed, match='the report has no rank 3'):
-        run_command([sys.executable, ANALYZE, report_path, '--rank', '3',
-                     '--no-plot'], env=train_env)
+        run_command(
+            [sys.executable, ANALYZE, report_path, '--rank', '3', '--no-plot'],
+            env=train_env)
 
 
 def test_overhead_benchmark_prints_the_median_ratio(demo_root, train_env):
@@ -40,7 +41,8 @@ def test_overhead_benchmark_prints_the_median_ratio(demo_root, train_env):
         sys.executable, BENCHMARK, '--data-root', demo_root, '--rounds', '1',
         '--batches', '3', '--warmup', '1', '--cfg-options',
         'train_dataloader.batch_size=4'
-    ], env=train_env).stdout
+    ],
+                      env=train_env).stdout
     assert 'batch_size=4, num_workers=2; 1 rounds' in out
     assert 'round 1: plain' in out
     assert 'median ratio monitored/plain, samples per second: ' in out

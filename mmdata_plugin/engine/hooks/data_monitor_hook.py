@@ -13,8 +13,9 @@ from mmengine.registry import HOOKS
 from torch.utils.data import DataLoader
 
 from mmdata_plugin.data_monitor import (DataLoaderMonitor, build_report,
-                                        format_report, format_worker_table,
-                                        plot_report, save_report)
+                                        format_rank_table, format_report,
+                                        format_worker_table, plot_report,
+                                        save_report)
 from mmdata_plugin.data_monitor.worker_timing import MonitoredBatch
 
 #: Environment variable read by :func:`apply_data_monitor_env`.
@@ -134,12 +135,16 @@ class DataMonitorHook(Hook):
         if step['counted']:
             self._publish_step(runner, step)
         if point is not None and get_rank() == 0:
-            scalars = {'data_monitor/wait_time': point['wait'],
-                       'data_monitor/compute_time': point['compute'],
-                       'data_monitor/worker_time': point['worker'],
-                       'data_monitor/transfer_time': point['transfer']}
-            scalars.update({f'data_monitor/{key}_time': ms
-                            for key, ms in point['stages'].items()})
+            scalars = {
+                'data_monitor/wait_time': point['wait'],
+                'data_monitor/compute_time': point['compute'],
+                'data_monitor/worker_time': point['worker'],
+                'data_monitor/transfer_time': point['transfer']
+            }
+            scalars.update({
+                f'data_monitor/{key}_time': ms
+                for key, ms in point['stages'].items()
+            })
             runner.visualizer.add_scalars(scalars, step=runner.iter + 1)
 
     def _publish_step(self, runner, step: dict) -> None:
@@ -174,12 +179,17 @@ class DataMonitorHook(Hook):
         report, windows = self._gather_report(runner, with_window=True)
         if get_rank() == 0:
             worst = report['verdict'].get('worst_rank', 0)
-            runner.logger.info(
-                '\n' + format_worker_table(
-                    windows[worst], f'DataMonitor at iteration '
-                    f'{runner.iter + 1}, rank {worst}, last '
-                    f'{windows[worst]["steps"]} counted steps (ms per '
-                    'batch):') + '\n' + report['verdict']['summary'])
+            tables = [
+                format_worker_table(
+                    windows[worst],
+                    f'DataMonitor at iteration {runner.iter + 1}, rank '
+                    f'{worst}, last {windows[worst]["steps"]} counted '
+                    'steps (ms per batch):')
+            ]
+            if len(windows) > 1:
+                tables.append(format_rank_table(report))
+            runner.logger.info('\n' + '\n'.join(tables) + '\n' +
+                               report['verdict']['summary'])
             save_report(report, self._path(runner, 'json'))
         # Gathering and writing is not the model's compute time.
         self.monitor.mark_pause(settle=False)
@@ -197,7 +207,7 @@ class DataMonitorHook(Hook):
     def after_train(self, runner) -> None:
         if self.monitor is None:
             return
-        report = self._gather_report(runner)
+        report, _ = self._gather_report(runner)
         self.monitor.uninstall()
         if get_rank() != 0:
             return
@@ -210,22 +220,20 @@ class DataMonitorHook(Hook):
                            f'\nDataMonitor report written to {outputs}')
 
     def _gather_report(self, runner, with_window: bool = False):
-        """The report of all ranks (and their windows, if asked for)."""
-        mine = dict(self.monitor.summary(), rank=get_rank())
+        """The report of all ranks, and their window summaries (or None).
+
+        A collective: every rank calls it at the same iteration.
+        """
+        rank = get_rank()
+        mine = dict(total=dict(self.monitor.summary(), rank=rank))
         if with_window:
-            mine = dict(total=mine, window=dict(
-                self.monitor.take_window(), rank=get_rank()))
+            mine['window'] = dict(self.monitor.take_window(), rank=rank)
         gathered = all_gather_object(mine)
-        summaries = [g['total'] for g in gathered] if with_window else (
-            gathered)
-        report = build_report(
-            summaries,
-            world_size=get_world_size(),
-            iteration=runner.iter,
-            max_iters=runner.max_iters)
-        if with_window:
-            return report, [g['window'] for g in gathered]
-        return report
+        report = build_report([g['total'] for g in gathered],
+                              world_size=get_world_size(),
+                              iteration=runner.iter,
+                              max_iters=runner.max_iters)
+        return report, [g.get('window') for g in gathered]
 
     def _path(self, runner, extension: str) -> str:
         return osp.join(self.out_dir or runner.log_dir,
@@ -255,8 +263,10 @@ def apply_data_monitor_env(cfg: Config, environ=None) -> Optional[bool]:
                          '(off)')
     enabled = value in ('1', 'true', 'on', 'yes')
     hooks = list(cfg.get('custom_hooks', None) or [])
-    present = [h for h in hooks if h.get('type') in
-               ('DataMonitorHook', DataMonitorHook)]
+    present = [
+        h for h in hooks
+        if h.get('type') in ('DataMonitorHook', DataMonitorHook)
+    ]
     if enabled and not present:
         hooks.append(dict(type='DataMonitorHook'))
     elif not enabled:
