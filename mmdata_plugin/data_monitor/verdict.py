@@ -84,12 +84,14 @@ def _stage_advice(key: str, rank: dict, context: dict) -> Optional[str]:
         pin = '' if context.get('pin_memory') else (
             ', and set pin_memory=True for GPU training')
         ready = (f'Batches were ready {slack:.0f} ms before they were '
-                 'asked for on average, so the training process itself is '
-                 'slow to take them (short of CPU, or unpickling large '
-                 'per-sample objects). ') if slack > ms else ''
+                 'asked for on average: the time goes to the hand-over '
+                 '(the worker that made the batch is busy with the next '
+                 'one when its tensors are fetched) or to a training '
+                 'process short of CPU. ') if slack > ms else ''
         return (f'Moving a batch to the training process takes {ms:.1f} ms '
-                f'(unpickling, shared memory, pinning). {ready}Collate '
-                "uint8 images and normalise in the model's "
+                '(every tensor is passed through shared memory, then '
+                f'unpickled and pinned). {ready}Collate into few stacked '
+                "uint8 tensors and normalise in the model's "
                 'data_preprocessor, keep per-sample Python objects small'
                 f'{pin}.')
     cost = stage_costs(rank).get(key, 0.0)
