@@ -2,10 +2,9 @@
 import argparse
 import os
 import os.path as osp
-import resource
 import statistics
 import time
-from typing import Tuple
+from typing import Dict, Iterator, List, Optional
 
 from mmengine.config import Config, DictAction
 from mmengine.runner import Runner
@@ -16,14 +15,17 @@ from mmdata_plugin.data_monitor import DataLoaderMonitor
 from mmdata_plugin.utils import make_demo_dataset
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+MODES = ('plain', 'monitored')
 
 
 def parse_args():
     parser = argparse.ArgumentParser(
         description='Measure the DataLoader throughput of a config\'s train '
         'pipeline without and with DataLoaderMonitor (what DataMonitorHook '
-        'runs; per-transform timing and IO/decode split on), in alternating '
-        'runs, and print the median throughput ratio')
+        'runs; per-transform timing and IO/decode split on). Two loaders '
+        'run side by side and are read in alternating chunks (plain, '
+        'monitored, monitored, plain per round), so that changes in the '
+        'machine\'s load hit both alike; prints the median ratio.')
     parser.add_argument(
         '--config',
         default=osp.join(ROOT, 'configs', 'demo', 'tinycnn_demo-jpeg.py'))
@@ -32,14 +34,11 @@ def parse_args():
         default=osp.join(ROOT, 'data', 'demo'),
         help='demo data (written there first if missing)')
     parser.add_argument(
-        '--batches', type=int, default=60, help='timed batches per run')
+        '--rounds', type=int, default=20, help='rounds of four chunks')
     parser.add_argument(
-        '--warmup', type=int, default=8, help='untimed batches per run')
+        '--batches', type=int, default=15, help='timed batches per chunk')
     parser.add_argument(
-        '--rounds',
-        type=int,
-        default=5,
-        help='rounds of two plain and two monitored runs (ABBA order)')
+        '--warmup', type=int, default=10, help='untimed batches per loader')
     parser.add_argument(
         '--cfg-options',
         nargs='+',
@@ -48,37 +47,27 @@ def parse_args():
     return parser.parse_args()
 
 
-def timed_run(cfg: Config, monitored: bool, warmup: int,
-              batches: int) -> Tuple[float, float]:
-    """One run of a fresh loader: samples per second over ``batches``
-    batches, and CPU seconds per sample of the whole run.
+def take(iterator: Iterator, batches: int) -> int:
+    """Samples in the next ``batches`` batches."""
+    return sum(len(next(iterator)['inputs']) for _ in range(batches))
 
-    The CPU figure adds the training process's CPU time and that of its
-    workers (counted once they are shut down and joined); it hardly moves
-    when other jobs share the cores, unlike the wall-clock rate.
+
+def worker_cpu(iterator) -> Optional[float]:
+    """CPU seconds used so far by the loader's worker processes (Linux).
+
+    Reads the private ``_workers`` list of torch's multi-process iterator:
+    a benchmark-only shortcut to tell two loaders' workers apart.
     """
-    cpu_start = time.process_time() + _children_cpu()
-    loader = Runner.build_dataloader(cfg.train_dataloader, seed=0)
-    monitor = DataLoaderMonitor(loader).install() if monitored else None
-    iterator = iter(loader)
-    for _ in range(warmup):
-        next(iterator)
-    samples, start = 0, time.perf_counter()
-    for _ in range(batches):
-        samples += len(next(iterator)['inputs'])
-    elapsed = time.perf_counter() - start
-    if monitor is not None:
-        monitor.uninstall()
-    shutdown = getattr(iterator, '_shutdown_workers', None)
-    if shutdown is not None:
-        shutdown()
-    cpu = time.process_time() + _children_cpu() - cpu_start
-    return samples / elapsed, cpu / (samples * (warmup + batches) / batches)
-
-
-def _children_cpu() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
+    total = 0.0
+    for worker in getattr(iterator, '_workers', []):
+        try:
+            with open(f'/proc/{worker.pid}/stat') as f:
+                fields = f.read().rsplit(')', 1)[1].split()
+        except OSError:
+            return None
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf(
+            'SC_CLK_TCK')
+    return total
 
 
 def main():
@@ -92,38 +81,59 @@ def main():
         cfg.merge_from_dict(args.cfg_options)
     set_multi_processing(**cfg.get('env_cfg', {}).get('mp_cfg', {}))
     loader_cfg = cfg.train_dataloader
-    print(
-        f"{osp.basename(args.config)}: batch_size={loader_cfg.batch_size}, "
-        f"num_workers={loader_cfg.num_workers}; {args.rounds} rounds x "
-        f'(plain, monitored, monitored, plain), {args.warmup} + '
-        f'{args.batches} batches per run',
-        flush=True)
+    print(f'{osp.basename(args.config)}: batch_size={loader_cfg.batch_size}, '
+          f'num_workers={loader_cfg.num_workers}; {args.rounds} rounds x '
+          f'(plain, monitored, monitored, plain) x {args.batches} batches',
+          flush=True)
 
-    rate_ratios, cpu_ratios, rates = [], [], dict(plain=[], monitored=[])
+    loaders = {m: Runner.build_dataloader(loader_cfg, seed=0) for m in MODES}
+    monitor = DataLoaderMonitor(loaders['monitored']).install()
+    iterators = {m: iter(loader) for m, loader in loaders.items()}
+    samples = {m: take(iterators[m], args.warmup) for m in MODES}
+    main_cpu = {m: 0.0 for m in MODES}
+    seconds = {m: 0.0 for m in MODES}
+    ratios: List[float] = []
     for round_index in range(args.rounds):
-        runs = dict(plain=[], monitored=[])
-        for name in ('plain', 'monitored', 'monitored', 'plain'):
-            runs[name].append(
-                timed_run(cfg, name == 'monitored', args.warmup, args.batches))
-        rate = {k: statistics.mean(r for r, _ in v) for k, v in runs.items()}
-        cpu = {k: statistics.mean(c for _, c in v) for k, v in runs.items()}
-        rate_ratios.append(rate['monitored'] / rate['plain'])
-        cpu_ratios.append(cpu['plain'] / cpu['monitored'])
-        for name in rates:
-            rates[name] += [r for r, _ in runs[name]]
-        print(
-            f"round {round_index + 1}: plain {rate['plain']:6.1f} "
-            f"samples/s ({1e3 * cpu['plain']:.2f} CPU ms/sample), "
-            f"monitored {rate['monitored']:6.1f} samples/s "
-            f"({1e3 * cpu['monitored']:.2f} CPU ms/sample)",
-            flush=True)
-    print(f"median throughput: plain {statistics.median(rates['plain']):.1f}"
-          f", monitored {statistics.median(rates['monitored']):.1f} "
-          'samples/s')
+        rates: Dict[str, List[float]] = {m: [] for m in MODES}
+        for mode in ('plain', 'monitored', 'monitored', 'plain'):
+            cpu, start = time.process_time(), time.perf_counter()
+            n = take(iterators[mode], args.batches)
+            elapsed = time.perf_counter() - start
+            main_cpu[mode] += time.process_time() - cpu
+            seconds[mode] += elapsed
+            samples[mode] += n
+            rates[mode].append(n / elapsed)
+        ratio = statistics.mean(rates['monitored']) / statistics.mean(
+            rates['plain'])
+        ratios.append(ratio)
+        print(f"round {round_index + 1:2d}: plain "
+              f"{statistics.mean(rates['plain']):6.1f}, monitored "
+              f"{statistics.mean(rates['monitored']):6.1f} samples/s, "
+              f'ratio {ratio:.3f}', flush=True)
+
+    workers = {m: worker_cpu(iterators[m]) for m in MODES}
+    monitor.uninstall()
+    for iterator in iterators.values():
+        shutdown = getattr(iterator, '_shutdown_workers', None)
+        if shutdown is not None:
+            shutdown()
+    timed = {m: samples[m] - args.warmup * loader_cfg.batch_size
+             for m in MODES}
+    print('throughput over all chunks: ' + ', '.join(
+        f'{m} {timed[m] / seconds[m]:.1f} samples/s' for m in MODES))
     print('median ratio monitored/plain, samples per second: '
-          f'{statistics.median(rate_ratios):.3f}  (goal >= 0.99)')
-    print('median ratio monitored/plain, samples per CPU second: '
-          f'{statistics.median(cpu_ratios):.3f}')
+          f'{statistics.median(ratios):.3f}  (goal >= 0.99)')
+    if None not in workers.values():
+        # Worker CPU covers warm-up and prefetched batches too; the
+        # training process's CPU only the timed chunks.
+        per_sample = {
+            m: workers[m] / samples[m] + main_cpu[m] / timed[m]
+            for m in MODES
+        }
+        cpu_ratio = per_sample['plain'] / per_sample['monitored']
+        print('CPU per sample (workers + training process): ' + ', '.join(
+            f'{m} {1e3 * per_sample[m]:.3f} ms' for m in MODES) +
+              f'; ratio plain/monitored {cpu_ratio:.3f}')
 
 
 if __name__ == '__main__':

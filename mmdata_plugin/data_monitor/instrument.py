@@ -9,6 +9,7 @@ and undone by :meth:`LoaderInstrumentation.uninstall`.
 """
 import logging
 from collections.abc import Mapping
+from functools import partial
 from typing import Callable, Iterator, List, Tuple
 
 from mmengine.logging import print_log
@@ -91,6 +92,7 @@ class LoaderInstrumentation:
     def install(self) -> None:
         if self._undo:
             return
+        self.pipelines = []
         if self.split_io_decode:
             _probe_users.append(self)
             self._undo.append(lambda: _release_probes(self))
@@ -115,7 +117,6 @@ class LoaderInstrumentation:
     def uninstall(self) -> None:
         while self._undo:
             self._undo.pop()()
-        self.pipelines = []
 
     def _time_fetches(self, dataset) -> None:
         if isinstance(dataset, IterableDataset):
@@ -148,8 +149,7 @@ class LoaderInstrumentation:
                 f'{prefix}{pos}_{name}')
             items[pos] = TimedTransform(transform, key, pipeline,
                                         pos if top else None)
-            self._undo.append(lambda items=items, pos=pos, t=transform: items.
-                              __setitem__(pos, t))
+            self._undo.append(partial(items.__setitem__, pos, transform))
             keys.append(key)
             inner = _transform_list(getattr(transform, 'transforms', None))
             if inner is not None:

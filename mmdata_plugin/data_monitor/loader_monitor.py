@@ -210,6 +210,9 @@ class DataLoaderMonitor:
         if self._base_class is not None:
             return self
         loader = self.dataloader
+        if getattr(loader, '_data_monitor', None) is not None:
+            raise RuntimeError('this DataLoader is already measured by '
+                               'another DataLoaderMonitor')
         self.instrumentation.install()
         self._base_class = type(loader)
         loader._data_monitor = self

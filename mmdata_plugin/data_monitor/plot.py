@@ -95,23 +95,13 @@ def _plot_breakdown(ax, rank: dict, workers: int) -> None:
     # A batch may take this long on one worker and still be in time.
     parallel = max(workers, 1)
     budget = [p['compute'] * parallel for p in points]
-    ax.plot(
-        steps,
-        budget,
-        'k--',
-        lw=1.2,
-        label=f'in time below: step compute x {parallel} worker(s)')
     top = 1.8 * max(p['worker'] for p in points) or 1.0
+    above = (f' (>= {min(budget):.0f}: off the chart)'
+             if min(budget) > top else '')
+    ax.plot(steps, budget, 'k--', lw=1.2,
+            label=f'in time below: step compute x {parallel} worker(s)'
+            f'{above}')
     ax.set_ylim(0, top)
-    if min(budget) > top:
-        ax.text(
-            0.99,
-            0.97, f'in time below {min(budget):.0f} ms: off the '
-            'chart',
-            transform=ax.transAxes,
-            ha='right',
-            va='top',
-            fontsize=7)
     ax.legend(fontsize=7, loc='upper left', ncol=2, framealpha=0.85)
 
 

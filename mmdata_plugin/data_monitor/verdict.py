@@ -154,8 +154,9 @@ def _worker_advice(rank: dict, context: dict, needed: Optional[int],
         return (f'{needed} workers would keep up ({basis}), but there are '
                 f'{cores} cores for {local_ranks} rank(s) here: make the '
                 'pipeline cheaper (see the other advice) or use more CPU.')
+    keep_up = '1 worker keeps' if needed == 1 else f'{needed} workers keep'
     return (f'Raise num_workers from {workers} to {needed}: {basis}, so '
-            f'{needed} workers keep up.')
+            f'{keep_up} up.')
 
 
 def _straggler_advice(rank: dict) -> Optional[str]:

@@ -241,5 +241,9 @@ def test_probes_time_only_inside_monitored_fetches():
 def test_bad_inputs_are_refused_with_a_clear_error():
     with pytest.raises(TypeError, match='needs a torch DataLoader'):
         DataLoaderMonitor([1, 2, 3])
+    loader = DataLoader(list(range(4)))
+    with DataLoaderMonitor(loader):
+        with pytest.raises(RuntimeError, match='already measured by another'):
+            DataLoaderMonitor(loader).install()
     with pytest.raises(RuntimeError, match='bypasses DataLoader.__iter__'):
         DataMonitorHook().before_train_iter(None, 0, MonitoredBatch({}, {}))

@@ -44,6 +44,6 @@ def test_overhead_benchmark_prints_the_median_ratio(demo_root, train_env):
     ],
                       env=train_env).stdout
     assert 'batch_size=4, num_workers=2; 1 rounds' in out
-    assert 'round 1: plain' in out
+    assert 'round  1: plain' in out
     assert 'median ratio monitored/plain, samples per second: ' in out
-    assert 'median ratio monitored/plain, samples per CPU second: ' in out
+    assert 'CPU per sample (workers + training process): plain' in out
