@@ -176,15 +176,13 @@ class SeedingDataset:
     """Stands in for the fast-resume loops' per-sample seeding wrapper.
 
     Seeds numpy from ``index.seed`` (a :class:`SampleIndex`) before
-    fetching, exposes ``.dataset`` and forwards ``metainfo``.
+    fetching. Like the real one it owns only ``dataset``: every other
+    attribute, read or written (``metainfo``, ``pipeline``), is the wrapped
+    dataset's.
     """
 
     def __init__(self, dataset) -> None:
-        self.dataset = dataset
-
-    @property
-    def metainfo(self):
-        return self.dataset.metainfo
+        object.__setattr__(self, 'dataset', dataset)
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -194,6 +192,14 @@ class SeedingDataset:
             raise TypeError(f'expected a seeded SampleIndex, got {index!r}')
         np.random.seed(index.seed)
         return self.dataset[index]
+
+    def __getattr__(self, name):
+        if name == 'dataset':
+            raise AttributeError(name)
+        return getattr(self.dataset, name)
+
+    def __setattr__(self, name, value) -> None:
+        setattr(self.dataset, name, value)
 
 
 class SeededSampler:

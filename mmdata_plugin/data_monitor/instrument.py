@@ -50,8 +50,13 @@ def _transform_list(pipeline):
 
 
 def iter_pipelines(dataset) -> Iterator[Tuple[str, object, list]]:
-    """``(path, dataset, transforms)`` for every pipeline in the tree."""
-    seen = set()
+    """``(path, dataset, transforms)`` for every pipeline in the tree.
+
+    A wrapper that forwards attribute reads (``pipeline``) to the dataset
+    it wraps shows the same list; it is reported once, under the deepest
+    dataset that has it (its owner).
+    """
+    seen, found = set(), {}
     pending = [('dataset', dataset)]
     while pending:
         path, node = pending.pop(0)
@@ -60,7 +65,7 @@ def iter_pipelines(dataset) -> Iterator[Tuple[str, object, list]]:
         seen.add(id(node))
         transforms = _transform_list(getattr(node, 'pipeline', None))
         if transforms is not None:
-            yield path, node, transforms
+            found[id(transforms)] = (path, node, transforms)
         child = getattr(node, 'dataset', None)
         if _is_dataset(child):
             pending.append((f'{path}.dataset', child))
@@ -68,6 +73,7 @@ def iter_pipelines(dataset) -> Iterator[Tuple[str, object, list]]:
         if isinstance(children, (list, tuple)):
             pending += [(f'{path}.datasets[{i}]', c)
                         for i, c in enumerate(children) if _is_dataset(c)]
+    return iter(found.values())
 
 
 class LoaderInstrumentation:
@@ -123,7 +129,10 @@ class LoaderInstrumentation:
             return  # no per-index fetch; transforms and collate are timed
         base = type(dataset)
         try:
-            dataset.__class__ = timed_dataset_class(base, self.split_io_decode)
+            # object.__setattr__: wrappers may forward attribute writes to
+            # the dataset they wrap.
+            object.__setattr__(dataset, '__class__',
+                               timed_dataset_class(base, self.split_io_decode))
         except TypeError as error:  # e.g. a __slots__ layout
             print_log(
                 f'DataMonitor cannot time whole fetches of {base.__name__} '
@@ -131,7 +140,8 @@ class LoaderInstrumentation:
                 logger='current',
                 level=logging.WARNING)
             return
-        self._undo.append(lambda: setattr(dataset, '__class__', base))
+        self._undo.append(
+            partial(object.__setattr__, dataset, '__class__', base))
 
     def _wrap_list(self, items: list, prefix: str, pipeline: int,
                    top: bool) -> List[str]:

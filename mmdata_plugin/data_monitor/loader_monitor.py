@@ -216,7 +216,8 @@ class DataLoaderMonitor:
         self.instrumentation.install()
         self._base_class = type(loader)
         loader._data_monitor = self
-        loader.__class__ = _monitored_loader_class(self._base_class)
+        object.__setattr__(loader, '__class__',
+                           _monitored_loader_class(self._base_class))
         self._restart_started(loop)
         return self
 
@@ -228,7 +229,7 @@ class DataLoaderMonitor:
         if getattr(loader, '_iterator', None) is not None:
             _shutdown(loader._iterator)
             loader._iterator = None
-        loader.__class__ = self._base_class
+        object.__setattr__(loader, '__class__', self._base_class)
         del loader._data_monitor
         self._base_class = None
         self.instrumentation.uninstall()

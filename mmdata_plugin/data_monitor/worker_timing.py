@@ -288,5 +288,6 @@ def _reduce_timed_dataset(self, protocol):
 def _rebuild_timed_dataset(rebuild: Callable, args: tuple,
                            split_io_decode: bool):
     obj = rebuild(*args)
-    obj.__class__ = timed_dataset_class(type(obj), split_io_decode)
+    object.__setattr__(obj, '__class__',
+                       timed_dataset_class(type(obj), split_io_decode))
     return obj

@@ -12,7 +12,8 @@ import os.path as osp
 import pytest
 from helpers import DEMO_CONFIG, TRAIN_SCRIPT, quick_cfg_options
 from mmengine.config import Config
-from monitor_helpers import SleepyCollate, TupleCollate, train
+from monitor_helpers import (SeedingDataset, SleepyCollate, SleepyDataset,
+                             TupleCollate, train)
 from torch.utils.data import DataLoader
 
 from mmdata_plugin.data_monitor.worker_timing import (TimedCollate,
@@ -36,9 +37,10 @@ def _matrix():
              for pin in (False, True)]
     cases += [(loop, 2, persistent, pin, 'fork') for loop in LOOPS
               for persistent in (False, True) for pin in (False, True)]
-    # spawn workers import torch and mmengine (seconds each): two runs.
+    # spawn workers import torch and mmengine (seconds each): one per loop.
     cases += [('iter', 2, True, True, 'spawn'),
-              ('epoch', 2, False, False, 'spawn')]
+              ('epoch', 2, False, False, 'spawn'),
+              ('lazy', 2, True, False, 'spawn')]
     return cases
 
 
@@ -88,10 +90,16 @@ def test_matrix_measures_without_changing_batches(tmp_path, reference_batches,
     assert report['context']['num_workers'] == workers
     assert report['context']['start_method'] == (start if workers else None)
 
+    assert [p['dataset'] for p in report['pipelines']] == [
+        'dataset.dataset' if loop == 'lazy' else 'dataset'
+    ]
     loader = runner.train_dataloader
     assert type(loader) is DataLoader
     assert not isinstance(loader.collate_fn, TimedCollate)
     dataset = loader.dataset.dataset if loop == 'lazy' else loader.dataset
+    assert type(dataset) is SleepyDataset
+    assert type(loader.dataset) is (
+        SeedingDataset if loop == 'lazy' else SleepyDataset)
     assert not any(
         isinstance(t, TimedTransform) for t in dataset.pipeline.transforms)
 
