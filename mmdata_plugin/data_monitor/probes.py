@@ -21,7 +21,9 @@ DECODE = 'decode'
 
 # (module, attribute, stage); functions of modules that are not installed
 # are skipped. mmcv re-exports imfrombytes from mmcv.image.io, and its
-# imread calls the module-global, so all three names are patched.
+# imread calls the module-global, so all three names are patched. This
+# package's reduced-size JPEG decoding (LoadImageFromFileReduced) calls
+# image_decoding.decode_image through its module for the same reason.
 _TARGETS: Tuple[Tuple[str, str, str], ...] = (
     ('mmengine.fileio', 'get', IO),
     ('mmengine.fileio.io', 'get', IO),
@@ -29,6 +31,7 @@ _TARGETS: Tuple[Tuple[str, str, str], ...] = (
     ('mmcv', 'imfrombytes', DECODE),
     ('mmcv.image', 'imfrombytes', DECODE),
     ('mmcv.image.io', 'imfrombytes', DECODE),
+    ('mmdata_plugin.transforms.image_decoding', 'decode_image', DECODE),
 )
 
 _installed: List[Tuple[object, str, Callable]] = []
