@@ -70,6 +70,7 @@ def _builders(demo_root):
         (dict(max_iters=2), _loop_args()),
         ('LOOPS', 'FastResumeEpochBasedTrainLoop'):
         (dict(max_epochs=1), _loop_args()),
+        ('HOOKS', 'DataMonitorHook'): (dict(interval=10), {}),
         ('OPTIM_WRAPPERS', 'CPUAutocastOptimWrapper'):
         (dict(optimizer=torch.optim.SGD(torch.nn.Linear(2, 2).parameters(),
                                         lr=0.1)), {}),

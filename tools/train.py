@@ -11,6 +11,7 @@ from mmengine.registry import RUNNERS
 from mmengine.runner import Runner
 
 import mmdata_plugin  # noqa: F401  (registers components, safe ckpt loading)
+from mmdata_plugin.engine import apply_data_monitor_env
 from mmdata_plugin.utils import prepare_distributed, trust_checkpoint
 
 
@@ -111,6 +112,7 @@ def main():
     for path in args.trust_checkpoint:
         trust_checkpoint(path)
     cfg = merge_args(Config.fromfile(args.config), args)
+    apply_data_monitor_env(cfg)
     prepare_distributed(cfg, args.launcher)
     if 'runner_type' in cfg:
         runner = RUNNERS.build(cfg)

@@ -8,3 +8,8 @@ _base_ = [
     '../_base_/schedules/adamw_300it.py',
     '../_base_/default_runtime.py',
 ]
+
+# Where the data time goes, per stage, transform and worker, with a verdict
+# (mmdata_plugin.engine.DataMonitorHook; docs/data_monitor.md). Turn it off
+# without editing this file: MMDATA_MONITOR=0.
+custom_hooks = [dict(type='DataMonitorHook', interval=10, table_interval=100)]

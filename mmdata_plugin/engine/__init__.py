@@ -1,9 +1,10 @@
-from .hooks import FastResumeHook
+from .hooks import DataMonitorHook, FastResumeHook, apply_data_monitor_env
 from .optim import CPUAutocastOptimWrapper
 from .runner import (FastResumeEpochBasedTrainLoop,
                      FastResumeIterBasedTrainLoop)
 
 __all__ = [
-    'CPUAutocastOptimWrapper', 'FastResumeHook',
-    'FastResumeEpochBasedTrainLoop', 'FastResumeIterBasedTrainLoop'
+    'CPUAutocastOptimWrapper', 'DataMonitorHook', 'FastResumeHook',
+    'FastResumeEpochBasedTrainLoop', 'FastResumeIterBasedTrainLoop',
+    'apply_data_monitor_env'
 ]

@@ -1,0 +1,499 @@
+"""Measure where a DataLoader's time goes, with or without a Runner.
+
+:class:`DataLoaderMonitor` is the one implementation of the measurement:
+``DataMonitorHook`` drives it from a training loop, and benchmark tools use
+it on a plain DataLoader::
+
+    monitor = DataLoaderMonitor(dataloader).install()
+    for _, batch in zip(range(200), dataloader):
+        ...                               # the consumer's work, if any
+    report = monitor.report()             # dict, see docs/data_monitor.md
+    print(format_report(report))
+    monitor.uninstall()
+
+In the main process it times every ``next()`` on the loader's iterators
+(``DataLoader.__iter__`` returns a timing proxy) and receives each batch's
+worker record (see :mod:`.worker_timing`).
+"""
+import multiprocessing
+import os
+import socket
+import time
+from typing import Callable, List, Optional
+
+import torch
+from mmengine.dataset import InfiniteSampler
+from mmengine.logging import print_log
+from torch.utils.data import DataLoader
+# The DataLoader iterator base class is private; it identifies the already
+# started iterators that install() has to restart (see _restart_started).
+from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+from .instrument import LoaderInstrumentation
+from .statistics import StatsBook
+from .verdict import build_report
+from .worker_timing import MonitoredBatch
+
+_perf_counter = time.perf_counter
+
+
+class _TimedIterator:
+    """Proxy of a DataLoader iterator: times ``next()``, unwraps batches."""
+
+    def __init__(self, iterator, monitor: 'DataLoaderMonitor') -> None:
+        self._iterator = iterator
+        self._monitor = monitor
+
+    def __iter__(self) -> '_TimedIterator':
+        return self
+
+    def __next__(self):
+        requested = _perf_counter()
+        item = next(self._iterator)
+        received = _perf_counter()
+        if type(item) is MonitoredBatch:
+            self._monitor._on_batch(requested, received, item.record)
+            return item.batch
+        self._monitor._on_batch(requested, received, None)
+        return item
+
+    def __len__(self) -> int:
+        return len(self._iterator)
+
+    def __getattr__(self, name: str):
+        if name.startswith('__') or name == '_iterator':
+            raise AttributeError(name)
+        return getattr(self._iterator, name)
+
+
+_MONITORED_LOADER_CLASSES = {}
+
+
+def _monitored_loader_class(base: type) -> type:
+    """``base`` with an ``__iter__`` that returns a timing proxy."""
+    cls = _MONITORED_LOADER_CLASSES.get(base)
+    if cls is None:
+
+        def __iter__(self):
+            monitor = self._data_monitor
+            monitor._on_iter_start()
+            return _TimedIterator(base.__iter__(self), monitor)
+
+        cls = type(f'Monitored{base.__name__}', (base, ),
+                   dict(__iter__=__iter__, __module__=__name__))
+        _MONITORED_LOADER_CLASSES[base] = cls
+    return cls
+
+
+def _rewind_samplers(loader: DataLoader) -> None:
+    """Make an iterator started again replay the same indices.
+
+    mmengine's ``InfiniteSampler`` yields from one generator made in its
+    ``__init__`` (a second ``iter()`` continues where the first one
+    stopped, and closing the first closes it); a fresh one from its seed
+    restarts the sequence. Samplers that draw their order in ``__iter__``
+    from their own seed (``DefaultSampler``) need nothing.
+    """
+    batch_sampler = getattr(loader, 'batch_sampler', None)
+    for sampler in (loader.sampler, getattr(batch_sampler, 'sampler', None)):
+        if isinstance(sampler, InfiniteSampler):
+            sampler.indices = sampler._indices_of_rank()
+
+
+def _shutdown(iterator) -> None:
+    shutdown = getattr(iterator, '_shutdown_workers', None)
+    if shutdown is not None:
+        shutdown()
+
+
+def loader_context(loader: DataLoader) -> dict:
+    """The loader settings the verdict and the advice depend on."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cpus = os.cpu_count() or 1
+    context = loader.multiprocessing_context
+    if context is not None and not isinstance(context, str):
+        context = context.get_start_method()
+    start_method = context or multiprocessing.get_start_method(
+        allow_none=True) or multiprocessing.get_all_start_methods()[0]
+    return dict(
+        num_workers=loader.num_workers,
+        batch_size=loader.batch_size,
+        persistent_workers=loader.persistent_workers,
+        pin_memory=loader.pin_memory,
+        prefetch_factor=loader.prefetch_factor,
+        start_method=start_method if loader.num_workers else None,
+        dataset_type=type(loader.dataset).__name__,
+        sampler_type=type(getattr(loader, 'sampler', None)).__name__,
+        cpus=cpus,
+        host=socket.gethostname())
+
+
+class DataLoaderMonitor:
+    """Where a DataLoader's time goes: per stage, transform and worker.
+
+    Steps right after a (re)start of iteration and after
+    :meth:`mark_pause` (validation, checkpoint saving) are not counted: the
+    first ``warmup_iters`` after the first start, ``settle_iters`` after
+    later ones. The first batch after each start is kept apart as the
+    start-up cost.
+
+    Args:
+        dataloader (DataLoader): The loader to measure.
+        per_transform (bool): Time each pipeline transform (nested wrappers
+            included). Defaults to True.
+        split_io_decode (bool): Split mmcv's image loading into file read
+            (``io``) and ``decode``. Defaults to True.
+        warmup_iters (int): Steps not counted after the first start.
+            Defaults to 5.
+        settle_iters (int, optional): Steps not counted after a restart or
+            a pause. Defaults to the batches in flight,
+            ``prefetch_factor * num_workers`` (1 without workers).
+        timeline_every (int): Counted steps per timeline point. Defaults to
+            50.
+        max_timeline_points (int): Neighbouring points are merged beyond
+            this. Defaults to 500.
+        manual_steps (bool): If True, a step is committed by :meth:`step`
+            (a training loop calls it once per iteration, so batches that
+            are fetched and skipped, e.g. on resume, are not counted);
+            otherwise every batch is a step. Defaults to False.
+    """
+
+    def __init__(self,
+                 dataloader: DataLoader,
+                 per_transform: bool = True,
+                 split_io_decode: bool = True,
+                 warmup_iters: int = 5,
+                 settle_iters: Optional[int] = None,
+                 timeline_every: int = 50,
+                 max_timeline_points: int = 500,
+                 manual_steps: bool = False) -> None:
+        if not isinstance(dataloader, DataLoader):
+            raise TypeError('DataLoaderMonitor needs a torch DataLoader, got '
+                            f'{type(dataloader).__name__}')
+        if timeline_every < 1:
+            raise ValueError(
+                f'timeline_every must be >= 1, got {timeline_every}')
+        self.dataloader = dataloader
+        self.warmup_iters = warmup_iters
+        if settle_iters is None:
+            settle_iters = max(1, (dataloader.prefetch_factor or 0) *
+                               dataloader.num_workers)
+        self.settle_iters = settle_iters
+        self.timeline_every = timeline_every
+        self.max_timeline_points = max_timeline_points
+        self.manual_steps = manual_steps
+        self.instrumentation = LoaderInstrumentation(dataloader, per_transform,
+                                                     split_io_decode)
+        self._base_class: Optional[type] = None
+        self.reset()
+
+    # ------------------------------------------------------------ install
+    def install(self, loop=None) -> 'DataLoaderMonitor':
+        """Instrument the loader; restart iterators that already run.
+
+        Workers started before this call run the uninstrumented pipeline
+        (fork copies it at start, spawn pickles it), so the persistent
+        iterator of the loader and the one a training loop keeps in
+        ``loop.dataloader_iterator`` (stock ``IterBasedTrainLoop`` starts it
+        in ``__init__``) are shut down and recreated. The global torch RNG
+        is restored afterwards, and samplers seeded by their own seed
+        (mmengine's) replay the same order, so the batches do not change.
+
+        Args:
+            loop (optional): Object with a ``dataloader_iterator`` to check.
+
+        Returns:
+            DataLoaderMonitor: ``self``.
+        """
+        if self._base_class is not None:
+            return self
+        loader = self.dataloader
+        if getattr(loader, '_data_monitor', None) is not None:
+            raise RuntimeError('this DataLoader is already measured by '
+                               'another DataLoaderMonitor')
+        self.instrumentation.install()
+        self._base_class = type(loader)
+        loader._data_monitor = self
+        object.__setattr__(loader, '__class__',
+                           _monitored_loader_class(self._base_class))
+        self._restart_started(loop)
+        return self
+
+    def uninstall(self) -> None:
+        """Undo :meth:`install` (persistent workers are shut down)."""
+        if self._base_class is None:
+            return
+        loader = self.dataloader
+        if getattr(loader, '_iterator', None) is not None:
+            _shutdown(loader._iterator)
+            loader._iterator = None
+        object.__setattr__(loader, '__class__', self._base_class)
+        del loader._data_monitor
+        self._base_class = None
+        self.instrumentation.uninstall()
+
+    @property
+    def installed(self) -> bool:
+        return self._base_class is not None
+
+    def __enter__(self) -> 'DataLoaderMonitor':
+        return self.install()
+
+    def __exit__(self, *exc_info) -> None:
+        self.uninstall()
+
+    def _restart_started(self, loop) -> None:
+        # Touches torch internals (`DataLoader._iterator`, the iterator's
+        # `_shutdown_workers`) and mmengine's `_InfiniteDataloaderIterator.
+        # _iterator`; this is the only place that does.
+        loader = self.dataloader
+        persistent = getattr(loader, '_iterator', None)
+        holder = getattr(loop, 'dataloader_iterator', None)
+        if isinstance(getattr(holder, '_iterator', None), _BaseDataLoaderIter):
+            started, replace = holder._iterator, lambda it: setattr(
+                holder, '_iterator', it)
+        elif isinstance(holder, _BaseDataLoaderIter):
+            started, replace = holder, lambda it: setattr(
+                loop, 'dataloader_iterator', it)
+        else:
+            started, replace = None, None
+        if persistent is not None:
+            _shutdown(persistent)
+            loader._iterator = None
+        if started is not None and started is not persistent:
+            _shutdown(started)
+        if started is None:
+            return
+        rng_state = torch.get_rng_state()
+        _rewind_samplers(loader)
+        replace(iter(loader))
+        torch.set_rng_state(rng_state)
+        print_log(
+            'DataMonitor restarted the DataLoader iterator the training '
+            'loop had started, so that its workers run the timed pipeline '
+            '(same sampler order and seeds).',
+            logger='current')
+
+    # ------------------------------------------------------------ steps
+    def reset(self) -> None:
+        """Forget everything measured so far."""
+        self.total = StatsBook()
+        self.window = StatsBook(capacity=1024)
+        self.startup = StatsBook(capacity=256)
+        self.timeline: List[dict] = []
+        self.skipped = 0
+        self.starts = 0
+        self.last_step: Optional[dict] = None
+        self.steps_without_batch = 0
+        self._pending: Optional[tuple] = None
+        self._pending_count = 0
+        self._skip = 0
+        self._starting = False
+        self._last_received: Optional[float] = None
+        self._index = -1
+        self._point_base = self._sums()
+
+    def mark_pause(self, settle: bool = True) -> None:
+        """The consumer does something else for a while.
+
+        The step that spans the pause is not counted, nor (with ``settle``,
+        for long pauses such as validation or checkpoint saving, during
+        which the workers fill their queues) the ``settle_iters`` after it.
+        """
+        self._skip = max(self._skip, 1 + (self.settle_iters if settle else 0))
+
+    def _on_iter_start(self) -> None:
+        self.starts += 1
+        self._starting = True
+        self._skip = max(
+            self._skip,
+            self.warmup_iters if self.starts == 1 else self.settle_iters)
+
+    def _on_batch(self, requested: float, received: float,
+                  record: Optional[dict]) -> None:
+        self._pending = (requested, received, record)
+        self._pending_count += 1
+        if not self.manual_steps:
+            self.step()
+
+    def step(self, index: Optional[int] = None) -> Optional[dict]:
+        """Commit the batch the consumer took since the last step.
+
+        Args:
+            index (int, optional): The step's number (e.g. ``runner.iter``);
+                counts on from the last one by default.
+
+        Returns:
+            dict | None: A timeline point, if this step completed one.
+        """
+        self._index = self._index + 1 if index is None else index
+        pending, count = self._pending, self._pending_count
+        self._pending, self._pending_count = None, 0
+        if pending is None:
+            self.steps_without_batch += 1
+            self.last_step = None
+            return None
+        requested, received, record = pending
+        previous, self._last_received = self._last_received, received
+        wait = received - requested
+        counted = False
+        if self._starting or count > 1:
+            if self._starting and count == 1:
+                self.startup.add(wait, None, record, requested, received)
+            self._starting = False
+            if count > 1:  # batches taken without a step (resume skip)
+                self._skip = max(self._skip, self.settle_iters)
+        elif self._skip > 0:
+            self._skip -= 1
+        else:
+            counted = True
+        compute = requested - previous if previous is not None else None
+        self.last_step = dict(
+            wait=wait,
+            compute=compute,
+            worker=record['end'] - record['start'] if record else None,
+            counted=counted)
+        if not counted:
+            self.skipped += 1
+            return None
+        for book in (self.total, self.window):
+            book.add(wait, compute, record, requested, received)
+        if self.total.wait.seen % self.timeline_every == 0:
+            return self._close_point()
+        return None
+
+    # ------------------------------------------------------------ results
+    def _sums(self) -> dict:
+        book = self.total
+        return dict(
+            steps=book.wait.seen,
+            wait=book.wait.total,
+            compute=book.compute.total,
+            computes=book.compute.seen,
+            worker=book.worker.total,
+            batches=book.worker.seen,
+            transfer=book.transfer.total,
+            stages={k: b.total for k, b in book.stages.items()})
+
+    def _close_point(self) -> dict:
+        now, base = self._sums(), self._point_base
+        self._point_base = now
+        steps = now['steps'] - base['steps']
+        batches = max(now['batches'] - base['batches'], 1)
+        computes = max(now['computes'] - base['computes'], 1)
+        point = dict(
+            step=self._index,
+            steps=steps,
+            wait=1e3 * (now['wait'] - base['wait']) / steps,
+            compute=1e3 * (now['compute'] - base['compute']) / computes,
+            worker=1e3 * (now['worker'] - base['worker']) / batches,
+            transfer=1e3 * (now['transfer'] - base['transfer']) / batches,
+            stages={
+                key: 1e3 * (total - base['stages'].get(key, 0.0)) / batches
+                for key, total in now['stages'].items()
+            })
+        self.timeline.append(point)
+        if len(self.timeline) > self.max_timeline_points:
+            self.timeline = _merge_pairs(self.timeline)
+        return point
+
+    def summary(self, book: Optional[StatsBook] = None) -> dict:
+        """This process's figures as plain data (one ``ranks`` entry).
+
+        Args:
+            book (StatsBook, optional): Which span; the whole run by
+                default, ``self.window`` for the span since
+                :meth:`take_window`.
+        """
+        book = self.total if book is None else book
+        summary = book.summary()
+        summary.update(
+            skipped=self.skipped,
+            startup=dict(
+                count=self.startup.wait.seen,
+                wait=self.startup.wait.describe()),
+            timeline=list(self.timeline) if book is self.total else [],
+            context=loader_context(self.dataloader),
+            pipelines=self.instrumentation.pipelines)
+        return summary
+
+    def take_window(self) -> dict:
+        """The summary of the span since the last call; starts a new one."""
+        summary = self.summary(self.window)
+        self.window = StatsBook(capacity=1024)
+        return summary
+
+    def report(self,
+               rank_summaries: Optional[List[dict]] = None,
+               **context) -> dict:
+        """The full report: per-rank figures, verdict and advice.
+
+        Args:
+            rank_summaries (list[dict], optional): :meth:`summary` of every
+                rank (gathered by the caller); this process's by default.
+            **context: Extra context entries (e.g. ``world_size``).
+        """
+        if rank_summaries is None:
+            rank_summaries = [dict(self.summary(), rank=0)]
+        return build_report(rank_summaries, **context)
+
+
+def _merge_pairs(points: List[dict]) -> List[dict]:
+    """Halve a timeline by merging neighbours (weighted by steps)."""
+    merged = []
+    for first, second in zip(points[0::2], points[1::2]):
+        steps = first['steps'] + second['steps']
+        w1, w2 = first['steps'] / steps, second['steps'] / steps
+        point = {
+            key: first[key] * w1 + second[key] * w2
+            for key in ('wait', 'compute', 'worker', 'transfer')
+        }
+        keys = first['stages'].keys() | second['stages'].keys()
+        point.update(
+            step=second['step'],
+            steps=steps,
+            stages={
+                key: (first['stages'].get(key, 0.0) * w1 +
+                      second['stages'].get(key, 0.0) * w2)
+                for key in keys
+            })
+        merged.append(point)
+    if len(points) % 2:
+        merged.append(points[-1])
+    return merged
+
+
+def measure_dataloader(dataloader: DataLoader,
+                       num_batches: int,
+                       step_fn: Optional[Callable] = None,
+                       **monitor_args) -> dict:
+    """Iterate ``num_batches`` batches under a monitor; return its report.
+
+    Args:
+        dataloader (DataLoader): The loader (restored afterwards).
+        num_batches (int): Batches to take, warm-up included.
+        step_fn (callable, optional): Called with each batch, to stand in
+            for the model step; without it the consumer does nothing and
+            the loader is measured flat out.
+        **monitor_args: :class:`DataLoaderMonitor` arguments.
+    """
+    if num_batches < 1:
+        raise ValueError(f'num_batches must be >= 1, got {num_batches}')
+    with DataLoaderMonitor(dataloader, **monitor_args) as monitor:
+        taken = 0
+        while taken < num_batches:
+            before = taken
+            for batch in dataloader:
+                if step_fn is not None:
+                    step_fn(batch)
+                taken += 1
+                if taken == num_batches:
+                    break
+            if taken == before:
+                raise ValueError('the DataLoader yields no batches')
+        return monitor.report()
+
+
+__all__ = ['DataLoaderMonitor', 'measure_dataloader', 'loader_context']

@@ -1,0 +1,88 @@
+"""Split file reading from image decoding in mmcv's loading path.
+
+``LoadImageFromFile`` (and ``mmcv.imread``) read bytes with
+``mmengine.fileio.get`` (or a ``FileClient``) and decode them with
+``mmcv.imfrombytes``; both are looked up as module attributes at call time.
+No hook or registry sits between them, so this module replaces those
+attributes with timing probes -- the one place where the monitor patches
+library code. The probes time only while a monitored fetch is running (any
+other caller pays one list check) and are installed lazily in each process
+that loads data, which is what makes them reach spawn workers too. Loaders
+that bypass these functions (``cv2.imread``, PIL, custom readers) are timed
+as part of their own transform: "loaded" as one stage.
+"""
+import importlib
+from typing import Callable, List, Tuple
+
+from . import worker_timing
+
+IO = 'io'
+DECODE = 'decode'
+
+# (module, attribute, stage); functions of modules that are not installed
+# are skipped. mmcv re-exports imfrombytes from mmcv.image.io, and its
+# imread calls the module-global, so all three names are patched. This
+# package's reduced-size JPEG decoding (LoadImageFromFileReduced) calls
+# image_decoding.decode_image through its module for the same reason.
+_TARGETS: Tuple[Tuple[str, str, str], ...] = (
+    ('mmengine.fileio', 'get', IO),
+    ('mmengine.fileio.io', 'get', IO),
+    ('mmengine.fileio.file_client.FileClient', 'get', IO),
+    ('mmcv', 'imfrombytes', DECODE),
+    ('mmcv.image', 'imfrombytes', DECODE),
+    ('mmcv.image.io', 'imfrombytes', DECODE),
+    ('mmdata_plugin.transforms.image_decoding', 'decode_image', DECODE),
+)
+
+_installed: List[Tuple[object, str, Callable]] = []
+
+
+def _resolve(path: str):
+    """Import ``path``; a trailing class name is looked up on its module."""
+    try:
+        return importlib.import_module(path)
+    except ImportError:
+        module_path, _, name = path.rpartition('.')
+        try:
+            return getattr(importlib.import_module(module_path), name)
+        except (ImportError, AttributeError):
+            return None
+
+
+def _make_probe(original: Callable, stage: str) -> Callable:
+
+    def probe(*args, **kwargs):
+        if not worker_timing.inside_timed_region():
+            return original(*args, **kwargs)
+        return worker_timing.timed_call(stage, original, *args, **kwargs)
+
+    probe._data_monitor_original = original
+    probe.__wrapped__ = original
+    probe.__name__ = getattr(original, '__name__', stage)
+    probe.__doc__ = original.__doc__
+    return probe
+
+
+def ensure_installed() -> None:
+    """Install the probes in this process unless they are already there."""
+    if _installed:
+        return
+    for path, attr, stage in _TARGETS:
+        owner = _resolve(path)
+        original = getattr(owner, attr, None) if owner is not None else None
+        # A forked child inherits installed probes; never wrap twice.
+        if original is None or hasattr(original, '_data_monitor_original'):
+            continue
+        setattr(owner, attr, _make_probe(original, stage))
+        _installed.append((owner, attr, original))
+
+
+def uninstall() -> None:
+    """Put the original functions back (in this process)."""
+    while _installed:
+        owner, attr, original = _installed.pop()
+        setattr(owner, attr, original)
+
+
+def installed() -> bool:
+    return bool(_installed)

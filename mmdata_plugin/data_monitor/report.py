@@ -1,0 +1,147 @@
+"""Text tables of a data-monitor report, and its JSON file."""
+import json
+import os
+import os.path as osp
+from typing import List, Optional, Sequence
+
+from .statistics import BASE_STAGES
+from .verdict import SCHEMA, stage_label
+
+
+def _table(header: Sequence[str], rows: List[Sequence], title: str) -> str:
+    cells = [[str(c) for c in header]]
+    cells += [[c if isinstance(c, str) else f'{c:.1f}' for c in row]
+              for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+
+    def line(row):
+        first = row[0].ljust(widths[0])
+        rest = [c.rjust(w) for c, w in zip(row[1:], widths[1:])]
+        return '  '.join([first, *rest]).rstrip()
+
+    rule = '-' * len(line(cells[0]))
+    return '\n'.join([title, line(cells[0]), rule, *map(line, cells[1:])])
+
+
+def select_rank(report: dict, rank: Optional[int] = None) -> dict:
+    """A rank's summary: ``rank``, or the one the verdict was made on."""
+    wanted = report['verdict'].get('worst_rank', 0) if rank is None else rank
+    for summary in report['ranks']:
+        if summary['rank'] == wanted:
+            return summary
+    if rank is not None:
+        raise ValueError(f'the report has no rank {rank} (ranks: '
+                         f"{[r['rank'] for r in report['ranks']]})")
+    return report['ranks'][0]
+
+
+def format_stage_table(rank: dict) -> str:
+    """Per stage and per transform: mean/p50/p90 ms per batch, share."""
+    rows = []
+    for key in BASE_STAGES[:2]:
+        if key in rank['stages']:
+            rows.append((stage_label(key), rank['stages'][key]))
+    rows += [(f'  {key}', stats) for key, stats in rank['transforms'].items()]
+    rows += [(stage_label(key), rank['stages'][key]) for key in BASE_STAGES[2:]
+             if key in rank['stages']]
+    body = [(name, s['mean'], s['p50'], s['p90'], f"{100 * s['share']:.0f}%")
+            for name, s in rows]
+    worker = rank['worker']
+    body.append(('= worker time per batch', worker['mean'], worker['p50'],
+                 worker['p90'], '100%'))
+    for name in ('transfer', 'wait', 'compute'):
+        s = rank[name]
+        body.append(
+            (f'{name} (training process)', s['mean'], s['p50'], s['p90'], ''))
+    return _table(('stage (ms per batch)', 'mean', 'p50', 'p90', 'share'),
+                  body, f"Where the data time goes (rank {rank['rank']}, "
+                  f"{rank['steps']} steps; transforms: self time):")
+
+
+def format_worker_table(rank: dict, title: str = '') -> str:
+    """One row per DataLoader worker (``main`` without workers)."""
+    rows = []
+    for w in rank['workers']:
+        stages, time = w['stages'], w['time']
+        rows.append(('main' if w['worker'] < 0 else str(w['worker']),
+                     ','.join(map(str, w['pids'])) +
+                     ('...' if w['processes'] > len(w['pids']) else ''),
+                     str(w['batches']), time['mean'], time['p90'], time['max'],
+                     stages['io'], stages['decode'], stages['transforms'],
+                     stages['fetch'], stages['collate'], w['transfer'],
+                     w['slack'], f"{100 * w['cpu_share']:.0f}%"))
+    return _table(
+        ('worker', 'pid', 'batches', 'mean', 'p90', 'max', 'io', 'decode',
+         'transforms', 'fetch', 'collate', 'transfer', 'slack', 'cpu'), rows,
+        title or f"Per worker (rank {rank['rank']}, ms per batch):")
+
+
+def format_rank_table(report: dict) -> str:
+    rows = [(str(r['rank']), r['context']['host'],
+             f"{100 * r['wait_share']:.1f}%", r['wait']['mean'],
+             r['compute']['mean'], r['worker']['mean'], str(r['steps']))
+            for r in report['ranks']]
+    return _table(
+        ('rank', 'host', 'waiting', 'wait', 'compute', 'worker', 'steps'),
+        rows, 'Per rank (ms per step):')
+
+
+def format_context(report: dict) -> str:
+    c = report['context']
+    if c['num_workers']:
+        workers = (f"{c['num_workers']} workers ({c['start_method']}, "
+                   f"{'' if c['persistent_workers'] else 'not '}persistent, "
+                   f"prefetch_factor={c['prefetch_factor']})")
+    else:
+        workers = 'no workers (num_workers=0)'
+    return (f"{c['dataset_type']}, batch_size={c['batch_size']}, {workers}, "
+            f"pin_memory={c['pin_memory']}, {c['world_size']} rank(s), "
+            f"{c['cpus']} cores")
+
+
+def format_report(report: dict, rank: Optional[int] = None) -> str:
+    """The whole report as text: context, tables, verdict, advice.
+
+    Args:
+        report (dict): A report (see :func:`build_report`).
+        rank (int, optional): Whose stage and worker tables to show; the
+            rank the verdict was made on by default.
+    """
+    rank = select_rank(report, rank)
+    parts = [
+        f'DataMonitor report: {format_context(report)}',
+        f"Steps counted: {rank['steps']} (not counted: {rank['skipped']} "
+        'warm-up / after restarts, validation, checkpoints)'
+    ]
+    if rank['steps']:
+        parts += [format_stage_table(rank), format_worker_table(rank)]
+    if len(report['ranks']) > 1:
+        parts.append(format_rank_table(report))
+    parts.append(report['verdict']['summary'])
+    if report['advice']:
+        parts.append('Advice:\n' + '\n'.join(f"  - {a['text']}"
+                                             for a in report['advice']))
+    return '\n\n'.join(parts)
+
+
+def save_report(report: dict, path: str) -> None:
+    """Write ``report`` as JSON (atomically: readers never see half)."""
+    os.makedirs(osp.dirname(osp.abspath(path)), exist_ok=True)
+    tmp = f'{path}.tmp'
+    with open(tmp, 'w') as f:
+        json.dump(report, f, indent=1)
+    os.replace(tmp, path)
+
+
+def load_report(path: str) -> dict:
+    """Read a report written by :func:`save_report`."""
+    with open(path) as f:
+        try:
+            report = json.load(f)
+        except json.JSONDecodeError as error:
+            raise ValueError(f'{path}: not a JSON file ({error})') from error
+    if not isinstance(report, dict) or report.get('schema') != SCHEMA:
+        found = report.get('schema') if isinstance(report, dict) else None
+        raise ValueError(f'{path}: not a data-monitor report (schema '
+                         f'{found!r}, expected {SCHEMA!r})')
+    return report

@@ -1,0 +1,233 @@
+"""Per-step figures of one process, aggregated into a JSON-able summary.
+
+All durations are kept in seconds and reported in milliseconds. Memory is
+bounded: percentiles come from a deterministically thinned sample (no
+random numbers are drawn anywhere in the monitor), means and maxima from
+exact running sums.
+"""
+from collections import defaultdict
+from typing import Dict, List, Optional
+
+import numpy as np
+
+from .probes import DECODE, IO
+from .worker_timing import COLLATE, FETCH
+
+#: Stages of a worker's batch production that are not pipeline transforms,
+#: in the order tables list them.
+BASE_STAGES = (IO, DECODE, FETCH, COLLATE)
+
+
+def describe(values, total: float, count: int, peak: float) -> dict:
+    """``mean``, ``p50``, ``p90``, ``max`` (ms) and ``count``."""
+    if not count:
+        return dict(mean=0.0, p50=0.0, p90=0.0, max=0.0, count=0)
+    p50, p90 = np.percentile(values, (50, 90)) if len(values) else (0, 0)
+    return dict(
+        mean=1e3 * total / count,
+        p50=1e3 * float(p50),
+        p90=1e3 * float(p90),
+        max=1e3 * peak,
+        count=count)
+
+
+class SampleBuffer:
+    """Running sum/max of a series plus an evenly thinned sample of it.
+
+    Once ``capacity`` values are kept, every other one is dropped and only
+    every ``stride``-th new value is kept, so the sample always covers the
+    whole run evenly.
+
+    Args:
+        capacity (int): Most values kept for percentiles.
+    """
+
+    __slots__ = ('capacity', 'values', 'stride', 'seen', 'total', 'peak')
+
+    def __init__(self, capacity: int = 4096) -> None:
+        self.capacity = capacity
+        self.values: List[float] = []
+        self.stride = 1
+        self.seen = 0
+        self.total = 0.0
+        self.peak = 0.0
+
+    def add(self, value: float) -> None:
+        if self.seen % self.stride == 0:
+            self.values.append(value)
+            if len(self.values) > self.capacity:
+                del self.values[1::2]
+                self.stride *= 2
+        self.seen += 1
+        self.total += value
+        if value > self.peak:
+            self.peak = value
+
+    def describe(self) -> dict:
+        return describe(self.values, self.total, self.seen, self.peak)
+
+
+class WorkerStats:
+    """Batches produced by one worker process."""
+
+    def __init__(self, capacity: int) -> None:
+        self.time = SampleBuffer(capacity)
+        self.pids = set()
+        self.stage_totals: Dict[str, float] = defaultdict(float)
+        self.transfer = 0.0
+        self.slack = 0.0
+        self.cpu = 0.0
+
+    def add(self, record: dict, worker_time: float, transfer: float,
+            slack: float) -> None:
+        self.time.add(worker_time)
+        self.pids.add(record['pid'])
+        for key, value in record['stages'].items():
+            self.stage_totals[key] += value
+        self.transfer += transfer
+        self.slack += slack
+        self.cpu += record['cpu']
+
+    def summary(self, worker: int) -> dict:
+        batches = self.time.seen
+        stages = {key: 0.0 for key in BASE_STAGES}
+        stages['transforms'] = 0.0
+        for key, total in self.stage_totals.items():
+            stages[key if key in stages else 'transforms'] += total
+        return dict(
+            worker=worker,
+            # Non-persistent workers get a new process every epoch.
+            pids=sorted(self.pids)[-8:],
+            processes=len(self.pids),
+            batches=batches,
+            time=self.time.describe(),
+            stages={
+                k: 1e3 * v / batches
+                for k, v in stages.items()
+            },
+            transfer=1e3 * self.transfer / batches,
+            slack=1e3 * self.slack / batches,
+            cpu_share=self.cpu / max(self.time.total, 1e-12))
+
+
+class StatsBook:
+    """Everything measured over a span of counted steps.
+
+    Args:
+        capacity (int): Values kept per series for percentiles.
+    """
+
+    def __init__(self, capacity: int = 4096) -> None:
+        self.capacity = capacity
+        self.wait = SampleBuffer(capacity)
+        self.compute = SampleBuffer(capacity)
+        self.worker = SampleBuffer(capacity)
+        self.transfer = SampleBuffer(capacity)
+        self.slack = SampleBuffer(capacity)
+        self.stages: Dict[str, SampleBuffer] = {}
+        self.workers: Dict[int, WorkerStats] = {}
+        self.samples = 0
+        self.cpu = 0.0
+        self.drops: Dict[str, int] = defaultdict(int)
+        self.refetch_time = 0.0
+
+    def add(self, wait: float, compute: Optional[float],
+            record: Optional[dict], t_request: float,
+            t_received: float) -> None:
+        """Add one counted step.
+
+        Args:
+            wait (float): Seconds the consumer waited in ``next()``.
+            compute (float, optional): Seconds the consumer spent between
+                the previous batch and this request.
+            record (dict, optional): The batch's worker record.
+            t_request (float): When ``next()`` was called.
+            t_received (float): When it returned.
+        """
+        self.wait.add(wait)
+        if compute is not None:
+            self.compute.add(compute)
+        if record is None:
+            return
+        worker_time = record['end'] - record['start']
+        slack = t_request - record['end']
+        transfer = t_received - max(t_request, record['end'])
+        self.worker.add(worker_time)
+        self.transfer.add(transfer)
+        self.slack.add(slack)
+        self.samples += record['samples']
+        self.cpu += record['cpu']
+        self.refetch_time += record['refetch_time']
+        for key, count in record['drops'].items():
+            self.drops[key] += count
+        stages = record['stages']
+        for key, buffer in self.stages.items():
+            buffer.add(stages.get(key, 0.0))
+        for key in stages.keys() - self.stages.keys():
+            self._new_stage(key).add(stages[key])
+        worker = self.workers.get(record['worker'])
+        if worker is None:
+            worker = self.workers[record['worker']] = WorkerStats(
+                min(self.capacity, 1024))
+        worker.add(record, worker_time, transfer, slack)
+
+    def _new_stage(self, key: str) -> SampleBuffer:
+        buffer = self.stages[key] = SampleBuffer(self.capacity)
+        # Batches before this stage first ran spent no time in it.
+        for _ in range(self.worker.seen - 1):
+            buffer.add(0.0)
+        return buffer
+
+    def stage_means(self) -> Dict[str, float]:
+        """Mean seconds per batch of every stage (for timelines)."""
+        batches = max(self.worker.seen, 1)
+        return {key: b.total / batches for key, b in self.stages.items()}
+
+    def summary(self) -> dict:
+        """The span as plain data (ms); see docs/data_monitor.md."""
+        batches = self.worker.seen
+        worker_mean = self.worker.total / batches if batches else 0.0
+
+        def stage(buffer: SampleBuffer) -> dict:
+            described = buffer.describe()
+            described['share'] = (
+                buffer.total / batches / worker_mean if worker_mean else 0.0)
+            return described
+
+        wait, compute = self.wait.total, self.compute.total
+        # Steps without a compute figure (the first after a start) still
+        # waited; scale compute to the counted steps for the share.
+        if self.compute.seen:
+            compute *= self.wait.seen / self.compute.seen
+        refetched = sum(self.drops.values())
+        return dict(
+            steps=self.wait.seen,
+            batches=batches,
+            samples_per_batch=self.samples / batches if batches else 0.0,
+            wait=self.wait.describe(),
+            compute=self.compute.describe(),
+            worker=self.worker.describe(),
+            transfer=self.transfer.describe(),
+            slack=self.slack.describe(),
+            wait_share=wait / (wait + compute) if wait + compute else 0.0,
+            cpu_share=(self.cpu / self.worker.total
+                       if self.worker.total else None),
+            stages={
+                key: stage(self.stages[key])
+                for key in BASE_STAGES if key in self.stages
+            },
+            transforms={
+                key: stage(buffer)
+                for key, buffer in sorted(self.stages.items())
+                if key not in BASE_STAGES
+            },
+            refetch=dict(
+                count=refetched,
+                per_sample=refetched / self.samples if self.samples else 0.0,
+                ms_per_batch=(1e3 * self.refetch_time / batches
+                              if batches else 0.0),
+                drops=dict(self.drops)),
+            workers=[
+                stats.summary(worker)
+                for worker, stats in sorted(self.workers.items())
+            ])

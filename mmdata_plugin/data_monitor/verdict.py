@@ -1,0 +1,317 @@
+"""From measured figures to a verdict and advice with numbers.
+
+The input-bound thresholds are TensorFlow's input-pipeline analyzer's: below
+5% of step time waiting for data is not input-bound, from 20% on highly.
+With several ranks the worst one (the largest waiting share) is judged: in
+data-parallel training a starved rank makes the others wait inside the
+gradient all-reduce, where their wait looks like compute.
+"""
+import datetime
+import math
+import os
+from statistics import median
+from typing import List, Optional
+
+SCHEMA = 'mmdata_plugin.data_monitor/1'
+MODERATE, HIGH = 0.05, 0.20
+#: A worker whose p90 batch time exceeds the median of all workers' p90 by
+#: this factor is a straggler.
+STRAGGLER_FACTOR = 1.5
+STAGE_NAMES = dict(
+    io='file read (io)',
+    decode='image decode',
+    fetch='dataset fetch outside the pipeline',
+    collate='collate',
+    transfer='transfer to the training process')
+
+
+def input_bound_level(wait_share: float) -> str:
+    """``'none'``, ``'moderate'`` or ``'high'``."""
+    if wait_share >= HIGH:
+        return 'high'
+    return 'moderate' if wait_share >= MODERATE else 'none'
+
+
+def stage_label(key: str) -> str:
+    return STAGE_NAMES.get(key, key)
+
+
+def _pct(fraction: float) -> str:
+    return f'{100 * fraction:.0f}%'
+
+
+def workers_needed(worker_ms: float, compute_ms: float) -> Optional[int]:
+    """Workers that produce one batch per step: ``ceil(worker / compute)``.
+
+    None when the consumer's step is too short to size workers for (under
+    1% of a batch's worker time, e.g. a loader benchmark doing nothing).
+    """
+    if worker_ms <= 0 or compute_ms < 0.01 * worker_ms:
+        return None
+    return max(1, math.ceil(worker_ms / compute_ms))
+
+
+def stage_costs(rank: dict) -> dict:
+    """Per-batch worker ms of every stage (pipeline transforms included)."""
+    costs = {key: s['mean'] for key, s in rank['stages'].items()}
+    costs.update({key: s['mean'] for key, s in rank['transforms'].items()})
+    return costs
+
+
+def find_bottleneck(rank: dict, num_workers: int):
+    """The stage that limits delivery, and its share of worker time.
+
+    Worker stages run on ``num_workers`` processes in parallel, moving a
+    batch to the training process (``transfer``) happens one batch at a
+    time: it is the bottleneck when it takes longer than the costliest
+    worker stage per worker. Its share is then of the step time.
+    """
+    costs = stage_costs(rank)
+    if not costs or not rank['worker']['mean']:
+        return None, 0.0
+    key = max(costs, key=costs.get)
+    transfer = rank['transfer']['mean']
+    if num_workers and transfer > costs[key] / num_workers:
+        step = rank['wait']['mean'] + rank['compute']['mean']
+        return 'transfer', transfer / step if step else 0.0
+    return key, costs[key] / rank['worker']['mean']
+
+
+def _stage_advice(key: str, rank: dict, context: dict) -> Optional[str]:
+    worker_ms = rank['worker']['mean']
+    if key == 'transfer':
+        ms, slack = rank['transfer']['mean'], rank['slack']['mean']
+        pin = '' if context.get('pin_memory') else (
+            ', and set pin_memory=True for GPU training')
+        ready = (f'Batches were ready {slack:.0f} ms before they were '
+                 'asked for on average: the time goes to the hand-over '
+                 '(the worker that made the batch is busy with the next '
+                 'one when its tensors are fetched) or to a training '
+                 'process short of CPU. ') if slack > ms else ''
+        return (f'Moving a batch to the training process takes {ms:.1f} ms '
+                '(every tensor is passed through shared memory, then '
+                f'unpickled and pinned). {ready}Collate into few stacked '
+                "uint8 tensors and normalise in the model's "
+                'data_preprocessor, keep per-sample Python objects small'
+                f'{pin}.')
+    cost = stage_costs(rank).get(key, 0.0)
+    share = cost / worker_ms if worker_ms else 0.0
+    head = (f'{stage_label(key)} is {_pct(share)} of worker time '
+            f'({cost:.1f} ms per batch)')
+    if key == 'io':
+        cpu = rank.get('cpu_share')
+        busy = f', workers busy on CPU {_pct(cpu)} of the time' if (
+            cpu is not None) else ''
+        return (f'{head}{busy}: the storage is slow. Copy the data to a '
+                'local SSD or RAM disk, pack small files (lmdb, tar '
+                'shards), or add workers: IO-bound workers may outnumber '
+                'the cores.')
+    if key == 'decode':
+        return (f"{head}: try imdecode_backend='turbojpeg' (or 'pillow' "
+                'with pillow-simd) in LoadImageFromFile, decode at reduced '
+                'size, or store the images pre-resized.')
+    if key == 'fetch':
+        return (f'{head}: per-sample annotation parsing or '
+                'deserialisation in __getitem__; parse annotations once '
+                '(BaseDataset.load_data_list, serialize_data=True) or cache '
+                'them.')
+    if key == 'collate':
+        return (f'{head}: batch-level work in collate_fn (padding, mixing); '
+                "move it to the model's data_preprocessor or collate uint8 "
+                'tensors.')
+    name = key.rsplit('_', 1)[-1]
+    if name.startswith('Load') and 'io' not in rank['stages']:
+        return (f'{head}: it reads and decodes outside mmengine.fileio / '
+                'mmcv.imfrombytes, so both are one stage here. Use faster '
+                'storage or a faster decoder, or store smaller images.')
+    return (f"{head}: make it cheaper, move it to the model's "
+            'data_preprocessor (batched, on the GPU), or do its '
+            'deterministic part offline.')
+
+
+def _worker_advice(rank: dict, context: dict, needed: Optional[int],
+                   level: str) -> Optional[str]:
+    workers = context.get('num_workers', 0)
+    worker_ms, compute_ms = rank['worker']['mean'], rank['compute']['mean']
+    if needed is None:
+        return None
+    cores = context.get('cpus') or 1
+    local_ranks = context.get('local_world_size') or 1
+    per_rank = max(cores // local_ranks, 1)
+    # Workers that mostly wait (for files, for sleeps) need no core each.
+    cpu_share = rank.get('cpu_share') or 1.0
+    basis = (f'a batch takes {worker_ms:.1f} ms of one worker and a '
+             f'training step {compute_ms:.1f} ms')
+    if level == 'none':
+        if workers > needed + 1:
+            return (f'num_workers={workers} is more than the {needed} '
+                    f'needed ({basis}); fewer workers would save memory and '
+                    'CPU.')
+        return None
+    if needed <= workers:
+        return None
+    if needed * cpu_share > per_rank:
+        return (f'{needed} workers would keep up ({basis}), but there are '
+                f'{cores} cores for {local_ranks} rank(s) here: make the '
+                'pipeline cheaper (see the other advice) or use more CPU.')
+    keep_up = '1 worker keeps' if needed == 1 else f'{needed} workers keep'
+    return (f'Raise num_workers from {workers} to {needed}: {basis}, so '
+            f'{keep_up} up.')
+
+
+def _straggler_advice(rank: dict) -> Optional[str]:
+    workers = [w for w in rank['workers'] if w['batches'] >= 5]
+    if len(workers) < 2:
+        return None
+    typical = median(w['time']['p90'] for w in workers)
+    slow = max(workers, key=lambda w: w['time']['p90'])
+    if not typical or slow['time']['p90'] < STRAGGLER_FACTOR * typical:
+        return None
+    return (f"Worker {slow['worker']} is a straggler: p90 "
+            f"{slow['time']['p90']:.1f} ms per batch vs {typical:.1f} ms "
+            'typical. Batches are delivered in order, so it holds back '
+            'batches that are ready; look for costly samples (large '
+            'images) or set in_order=False (torch >= 2.6) if the order may '
+            'change.')
+
+
+def _rank_advice(ranks: List[dict], worst: dict) -> Optional[str]:
+    others = [r['wait_share'] for r in ranks if r is not worst]
+    if not others or worst['wait_share'] < MODERATE:
+        return None
+    if worst['wait_share'] < 2 * median(others):
+        return None
+    return (f"Rank {worst['rank']} is starved: {_pct(worst['wait_share'])} "
+            f'of its step time waiting for data, at most '
+            f'{_pct(max(others))} on the other ranks (they wait for it '
+            'inside the gradient all-reduce). Check what differs on its '
+            'node: storage, CPU load, its share of the data.')
+
+
+def _other_advice(rank: dict, context: dict) -> List[dict]:
+    advice = []
+    refetch = rank['refetch']
+    if refetch['per_sample'] >= 0.01:
+        key, count = max(refetch['drops'].items(), key=lambda kv: kv[1])
+        advice.append(
+            dict(
+                topic='refetch',
+                text=f"{_pct(refetch['per_sample'])} of samples were "
+                f'dropped and fetched again ({key} returned None {count} '
+                f"times), costing {refetch['ms_per_batch']:.1f} ms per "
+                'batch: filter those samples beforehand (filter_cfg).'))
+    startup = rank['startup']
+    if (context.get('num_workers') and not context.get('persistent_workers')
+            and startup['count'] > 1):
+        advice.append(
+            dict(
+                topic='persistent_workers',
+                text=f"Workers were started {startup['count']} times; the "
+                f"first batch took {startup['wait']['mean']:.0f} ms on "
+                'average. Set persistent_workers=True.'))
+    cpu, io = rank.get('cpu_share'), rank['stages'].get('io', {})
+    workers = context.get('num_workers', 0)
+    local_ranks = context.get('local_world_size') or 1
+    processes = (workers + 1) * local_ranks  # + the training processes
+    if (cpu is not None and cpu < 0.5 and io.get('share', 0.0) < 0.25
+            and processes > (context.get('cpus') or 1)):
+        advice.append(
+            dict(
+                topic='cpu',
+                text=f'Workers were on CPU only {_pct(cpu)} of their batch '
+                'time without waiting for files, and there are more '
+                f'processes than cores ({workers} workers + 1, x '
+                f"{local_ranks} rank(s), on {context.get('cpus')} cores): "
+                'they wait for a core. Use fewer workers or keep cv2/OpenMP '
+                'at one thread per worker.'))
+    return advice
+
+
+def judge(ranks: List[dict], context: dict) -> dict:
+    """The verdict on the worst rank, with its advice.
+
+    Args:
+        ranks (list[dict]): Rank summaries (``DataLoaderMonitor.summary``
+            with a ``rank`` entry).
+        context (dict): Loader settings (``num_workers`` ...).
+    """
+    measured = [r for r in ranks if r['steps']]
+    if not measured:
+        return dict(
+            input_bound='unknown',
+            summary='No step was measured (the run was shorter than the '
+            'warm-up).',
+            advice=[])
+    worst = max(measured, key=lambda r: r['wait_share'])
+    level = input_bound_level(worst['wait_share'])
+    workers = context.get('num_workers', 0)
+    needed = workers_needed(worst['worker']['mean'], worst['compute']['mean'])
+    bottleneck, bottleneck_share = find_bottleneck(worst, workers)
+    where = f" (rank {worst['rank']}, the worst of {len(ranks)})" if len(
+        ranks) > 1 else ''
+    summary = (f'Input-bound: {level.upper()}: '
+               f"{100 * worst['wait_share']:.1f}% of step time is spent "
+               f'waiting for data{where}.')
+    if bottleneck:
+        of = 'step time' if bottleneck == 'transfer' else 'worker time'
+        summary += (f' Bottleneck: {stage_label(bottleneck)} '
+                    f'({_pct(bottleneck_share)} of {of}).')
+    advice = []
+    for topic, text in (('rank', _rank_advice(measured, worst)),
+                        ('workers',
+                         _worker_advice(worst, context, needed, level)),
+                        ('stage', _stage_advice(bottleneck, worst, context)
+                         if bottleneck and level != 'none' else None),
+                        ('straggler', _straggler_advice(worst)
+                         if level != 'none' else None)):
+        if text:
+            advice.append(dict(topic=topic, text=text))
+    if level != 'none':
+        advice += _other_advice(worst, context)
+    return dict(
+        input_bound=level,
+        wait_share=worst['wait_share'],
+        worst_rank=worst['rank'],
+        rank_wait_shares={str(r['rank']): r['wait_share']
+                          for r in measured},
+        wait_ms=worst['wait']['mean'],
+        compute_ms=worst['compute']['mean'],
+        worker_ms=worst['worker']['mean'],
+        bottleneck=bottleneck,
+        bottleneck_share=bottleneck_share,
+        workers_needed=needed,
+        num_workers=workers,
+        summary=summary,
+        advice=advice)
+
+
+def build_report(rank_summaries: List[dict], **context) -> dict:
+    """The report (JSON schema in docs/data_monitor.md) of all ranks.
+
+    Args:
+        rank_summaries (list[dict]): ``DataLoaderMonitor.summary()`` of each
+            rank, each with a ``rank`` entry.
+        **context: Extra context (``world_size``, ``local_world_size``,
+            ``iteration`` ...).
+    """
+    ranks = sorted(rank_summaries, key=lambda r: r['rank'])
+    merged = dict(ranks[0]['context'])
+    merged.setdefault('world_size', len(ranks))
+    merged.setdefault('local_world_size',
+                      int(os.environ.get('LOCAL_WORLD_SIZE', 1)))
+    merged.update(context)
+    verdict = judge(ranks, merged)
+    return dict(
+        schema=SCHEMA,
+        created=datetime.datetime.now().isoformat(timespec='seconds'),
+        context=merged,
+        pipelines=ranks[0]['pipelines'],
+        verdict={
+            k: v
+            for k, v in verdict.items() if k != 'advice'
+        },
+        advice=verdict['advice'],
+        ranks=[{
+            k: v
+            for k, v in r.items() if k not in ('pipelines', )
+        } for r in ranks])

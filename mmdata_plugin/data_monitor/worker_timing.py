@@ -1,0 +1,293 @@
+"""Timing inside the process that loads the data (a worker, or the main one).
+
+Every timed region -- a dataset fetch, a pipeline transform, a file read, an
+image decode -- runs through :func:`timed_call`, which keeps a stack of
+open regions so that each region is charged its *self* time (its duration
+minus that of the regions it contains). The sums build up in one per-process
+:class:`BatchAccumulator`; the collate wrapper turns them into one small
+record per batch and sends it to the main process together with the batch,
+as a :class:`MonitoredBatch`. Nothing is added to the samples or the batch
+itself, so ``Pack*`` transforms, ``pseudo_collate`` and the model see the
+same data as without the monitor, and nothing here draws random numbers.
+
+A DataLoader worker runs its fetches and the collate of one batch one after
+the other in one thread, which is what makes a per-process accumulator
+exact. Datasets that fan a batch out to their own threads are timed as a
+whole, not per transform.
+"""
+import os
+import time
+from typing import Any, Callable, Dict, Optional
+
+from torch.utils.data import get_worker_info
+# torch's own recursive pinning (a private module): MonitoredBatch hands its
+# batch to it so that pin_memory=True pins exactly what it pins without us.
+from torch.utils.data._utils.pin_memory import pin_memory as _pin_memory
+
+from . import probes
+
+_perf_counter = time.perf_counter
+_thread_time = time.thread_time
+
+#: Stage that collects a fetch's time outside pipeline transforms, file
+#: reads and decodes (annotation lookup, deserialisation, custom loaders).
+FETCH = 'fetch'
+COLLATE = 'collate'
+
+
+class BatchAccumulator:
+    """What the current process has measured since its last batch record.
+
+    Attributes:
+        stages (dict): Self time in seconds per stage key.
+        stack (list): Child time of each open region (innermost last).
+        samples (int): Top-level dataset fetches.
+        drops (dict): Top-level transforms that returned ``None`` (the
+            dataset then re-fetches another index), per key.
+        refetch_time (float): Seconds spent on those dropped attempts.
+        attempt_start (dict): Start of the current attempt per pipeline.
+    """
+
+    __slots__ = ('stages', 'stack', 'samples', 'drops', 'refetch_time',
+                 'attempt_start', 't_first', 'cpu_first')
+
+    def __init__(self) -> None:
+        self.stack = []
+        self.reset()
+
+    def reset(self) -> None:
+        self.stages: Dict[str, float] = {}
+        self.samples = 0
+        self.drops: Dict[str, int] = {}
+        self.refetch_time = 0.0
+        self.attempt_start: Dict[int, float] = {}
+        self.t_first: Optional[float] = None
+        self.cpu_first = 0.0
+
+    def take_record(self, collate_start: float, collate_end: float) -> dict:
+        """The record of the batch just collated; starts the next one."""
+        if self.t_first is None:  # nothing was timed before the collate
+            self.t_first, self.cpu_first = collate_start, _thread_time()
+        stages = self.stages
+        stages[COLLATE] = stages.get(COLLATE, 0.0) + (
+            collate_end - collate_start)
+        record = dict(
+            pid=os.getpid(),
+            worker=_worker_id(),
+            samples=self.samples,
+            start=self.t_first,
+            end=collate_end,
+            cpu=_thread_time() - self.cpu_first,
+            stages=stages,
+            drops=self.drops,
+            refetch_time=self.refetch_time)
+        self.reset()
+        return record
+
+
+#: The accumulator of this process (each DataLoader worker has its own copy).
+ACCUMULATOR = BatchAccumulator()
+
+_worker_ids: Dict[int, int] = {}
+
+
+def _worker_id() -> int:
+    """The DataLoader worker id of this process, -1 in the main process."""
+    pid = os.getpid()
+    if pid not in _worker_ids:
+        info = get_worker_info()
+        _worker_ids[pid] = -1 if info is None else info.id
+    return _worker_ids[pid]
+
+
+def timed_call(key: str, fn: Callable, *args, **kwargs) -> Any:
+    """Call ``fn`` and charge its self time to stage ``key``."""
+    acc = ACCUMULATOR
+    stack = acc.stack
+    start = _perf_counter()
+    if acc.t_first is None:
+        acc.t_first, acc.cpu_first = start, _thread_time()
+    stack.append(0.0)
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        elapsed = _perf_counter() - start
+        child = stack.pop()
+        stages = acc.stages
+        stages[key] = stages.get(key, 0.0) + elapsed - child
+        if stack:
+            stack[-1] += elapsed
+
+
+def inside_timed_region() -> bool:
+    """Whether a monitored fetch is running (probes time nothing else)."""
+    return bool(ACCUMULATOR.stack)
+
+
+class TimedTransform:
+    """A pipeline transform whose calls are timed under ``key``.
+
+    It stands in the pipeline's list in place of the transform and forwards
+    every attribute to it (``hasattr(t, 'get_indexes')`` of mix transforms,
+    ``repr`` in logs). It is picklable, so spawn workers receive it.
+
+    Args:
+        transform (callable): The wrapped transform.
+        key (str): Stage key, ``'{position:02d}_{ClassName}'`` (nested:
+            ``'{parent key}.{position}_{ClassName}'``).
+        pipeline (int): Index of the pipeline it belongs to.
+        position (int | None): Its position in a dataset's top-level
+            pipeline, None when nested. A ``None`` returned by a top-level
+            transform makes the dataset re-fetch, which is counted.
+    """
+
+    def __init__(self,
+                 transform: Callable,
+                 key: str,
+                 pipeline: int = 0,
+                 position: Optional[int] = None) -> None:
+        self.transform = transform
+        self.key = key
+        self.pipeline = pipeline
+        self.position = position
+
+    def __call__(self, *args, **kwargs):
+        # timed_call inlined: this runs for every transform of every sample.
+        acc = ACCUMULATOR
+        stack = acc.stack
+        start = _perf_counter()
+        if acc.t_first is None:
+            acc.t_first, acc.cpu_first = start, _thread_time()
+        if self.position == 0:
+            acc.attempt_start[self.pipeline] = start
+        stack.append(0.0)
+        try:
+            result = self.transform(*args, **kwargs)
+        finally:
+            elapsed = _perf_counter() - start
+            child = stack.pop()
+            stages = acc.stages
+            stages[self.key] = stages.get(self.key, 0.0) + elapsed - child
+            if stack:
+                stack[-1] += elapsed
+        if result is None and self.position is not None:
+            acc.drops[self.key] = acc.drops.get(self.key, 0) + 1
+            acc.refetch_time += _perf_counter() - acc.attempt_start.get(
+                self.pipeline, start)
+        return result
+
+    def __getattr__(self, name: str):
+        # Dunders are looked up on the proxy itself (copy/pickle protocols
+        # must not reach the wrapped object); `transform` is missing only
+        # while unpickling.
+        if name.startswith('__') or name == 'transform':
+            raise AttributeError(name)
+        return getattr(self.transform, name)
+
+    def __reduce__(self):
+        return TimedTransform, (self.transform, self.key, self.pipeline,
+                                self.position)
+
+    def __repr__(self) -> str:
+        return repr(self.transform)
+
+
+class MonitoredBatch:
+    """A collated batch travelling with its timing record.
+
+    Only the monitor's DataLoader iterator ever sees it: it hands on
+    ``batch`` and keeps ``record``. ``pin_memory`` is torch's protocol for
+    custom batch types, so ``pin_memory=True`` pins the inner batch.
+    """
+
+    __slots__ = ('batch', 'record')
+
+    def __init__(self, batch: Any, record: Optional[dict]) -> None:
+        self.batch = batch
+        self.record = record
+
+    def pin_memory(self, *args, **kwargs) -> 'MonitoredBatch':
+        return MonitoredBatch(
+            _pin_memory(self.batch, *args, **kwargs), self.record)
+
+    def __reduce__(self):
+        return MonitoredBatch, (self.batch, self.record)
+
+
+class TimedCollate:
+    """Wraps a DataLoader ``collate_fn``: times it, attaches the record.
+
+    Args:
+        collate_fn (callable): The DataLoader's collate function.
+    """
+
+    def __init__(self, collate_fn: Callable) -> None:
+        self.collate_fn = collate_fn
+
+    def __call__(self, samples):
+        start = _perf_counter()
+        batch = self.collate_fn(samples)
+        end = _perf_counter()
+        return MonitoredBatch(batch, ACCUMULATOR.take_record(start, end))
+
+
+_TIMED_DATASET_CLASSES: Dict[tuple, type] = {}
+
+
+def timed_dataset_class(base: type, split_io_decode: bool) -> type:
+    """A subclass of ``base`` whose fetches are timed as stage ``fetch``.
+
+    ``DataLoader.dataset`` cannot be replaced after the loader is built and
+    ``dataset[i]`` looks ``__getitem__`` up on the class, so the monitor
+    switches the dataset instance to this subclass (and back). It keeps the
+    base's name, and pickles as "rebuild the base, switch the class", so
+    spawn workers get a timed dataset too.
+
+    Args:
+        base (type): The dataset's class.
+        split_io_decode (bool): Install the IO/decode probes in the process
+            before its first fetch.
+    """
+    cls = _TIMED_DATASET_CLASSES.get((base, split_io_decode))
+    if cls is None:
+        namespace = dict(
+            __getitem__=_timed_getitem,
+            __reduce_ex__=_reduce_timed_dataset,
+            __module__=base.__module__,
+            __qualname__=base.__qualname__,
+            _dm_base=base,
+            _dm_probes=split_io_decode)
+        if getattr(base, '__getitems__', None):
+            namespace['__getitems__'] = _timed_getitems
+        cls = type(base.__name__, (base, ), namespace)
+        _TIMED_DATASET_CLASSES[(base, split_io_decode)] = cls
+    return cls
+
+
+def _timed_getitem(self, index):
+    if self._dm_probes:
+        probes.ensure_installed()
+    ACCUMULATOR.samples += 1
+    return timed_call(FETCH, self._dm_base.__getitem__, self, index)
+
+
+def _timed_getitems(self, indices):
+    if self._dm_probes:
+        probes.ensure_installed()
+    ACCUMULATOR.samples += len(indices)
+    return timed_call(FETCH, self._dm_base.__getitems__, self, indices)
+
+
+def _reduce_timed_dataset(self, protocol):
+    timed = type(self)
+    rebuild, args, *rest = timed._dm_base.__reduce_ex__(self, protocol)
+    args = tuple(timed._dm_base if arg is timed else arg for arg in args)
+    return (_rebuild_timed_dataset, (rebuild, args, timed._dm_probes), *rest)
+
+
+def _rebuild_timed_dataset(rebuild: Callable, args: tuple,
+                           split_io_decode: bool):
+    obj = rebuild(*args)
+    object.__setattr__(obj, '__class__',
+                       timed_dataset_class(type(obj), split_io_decode))
+    return obj

@@ -1,0 +1,280 @@
+"""DataMonitorHook: where the data time of a training run goes."""
+import logging
+import os
+import os.path as osp
+from collections import deque
+from typing import Optional
+
+from mmengine.config import Config
+from mmengine.dist import all_gather_object, get_rank, get_world_size
+from mmengine.hooks import Hook
+from mmengine.logging import print_log
+from mmengine.registry import HOOKS
+from torch.utils.data import DataLoader
+
+from mmdata_plugin.data_monitor import (DataLoaderMonitor, build_report,
+                                        format_rank_table, format_report,
+                                        format_worker_table, plot_report,
+                                        save_report)
+from mmdata_plugin.data_monitor.worker_timing import MonitoredBatch
+
+#: Environment variable read by :func:`apply_data_monitor_env`.
+MONITOR_ENV = 'MMDATA_MONITOR'
+
+
+@HOOKS.register_module()
+class DataMonitorHook(Hook):
+    """Measure and explain the data-loading time of training.
+
+    Per batch and per DataLoader worker it times the file read, the image
+    decode, every pipeline transform (by position and class, nested
+    wrappers included), the dataset fetch as a whole (re-fetches counted),
+    collate, and in the training process the wait for each batch and its
+    transfer. It works with any loop that iterates the train DataLoader
+    (stock ``IterBasedTrainLoop``/``EpochBasedTrainLoop`` and this
+    package's loops), any ``num_workers``, persistent workers, pin_memory,
+    fork and spawn workers and wrapped datasets. What the model receives is
+    unchanged.
+
+    Outputs: ``dm_wait_time``, ``dm_worker_time`` (seconds) and
+    ``dm_input_bound`` (share of step time spent waiting, last ``interval``
+    steps) in the log line and every visualizer backend; per-stage and
+    per-transform ms every ``interval`` steps to the visualizer; a
+    per-worker table every ``table_interval`` iterations; at the end a
+    summary with verdict and advice in the log, ``data_monitor.json`` and
+    ``data_monitor.png`` in ``out_dir`` (the run's log dir by default).
+    Warm-up steps and steps right after a restart of the loader, a
+    validation or a checkpoint save are not counted. With several ranks the
+    figures of all ranks are gathered and the worst rank is judged.
+
+    Args:
+        interval (int): Counted steps per point of the breakdown over time
+            (sent to the visualizer). Defaults to 50.
+        table_interval (int): Log a per-worker table (and refresh the JSON
+            file) every this many iterations; 0 disables. Defaults to 500.
+        warmup_iters (int): Steps not counted at the start. Defaults to 10.
+        settle_iters (int, optional): Steps not counted after a restart,
+            validation or checkpoint. Defaults to the batches in flight
+            (``prefetch_factor * num_workers``).
+        per_transform (bool): Time each transform. Defaults to True.
+        split_io_decode (bool): Separate file read and decode in mmcv's
+            loading path. Defaults to True.
+        out_dir (str, optional): Where the JSON and PNG go. Defaults to
+            ``runner.log_dir`` (inside the work dir).
+        plot (bool): Write the PNG at the end. Defaults to True.
+    """
+
+    priority = 'NORMAL'
+
+    def __init__(self,
+                 interval: int = 50,
+                 table_interval: int = 500,
+                 warmup_iters: int = 10,
+                 settle_iters: Optional[int] = None,
+                 per_transform: bool = True,
+                 split_io_decode: bool = True,
+                 out_dir: Optional[str] = None,
+                 plot: bool = True) -> None:
+        if interval < 1 or table_interval < 0 or warmup_iters < 0:
+            raise ValueError(
+                'DataMonitorHook needs interval >= 1, table_interval >= 0 '
+                f'and warmup_iters >= 0, got interval={interval}, '
+                f'table_interval={table_interval}, '
+                f'warmup_iters={warmup_iters}')
+        self.interval = interval
+        self.table_interval = table_interval
+        self.monitor_args = dict(
+            warmup_iters=warmup_iters,
+            settle_iters=settle_iters,
+            per_transform=per_transform,
+            split_io_decode=split_io_decode,
+            timeline_every=interval,
+            manual_steps=True)
+        self.out_dir = out_dir
+        self.plot = plot
+        self.monitor: Optional[DataLoaderMonitor] = None
+        self._recent = deque(maxlen=interval)
+        self._warned_blind = False
+
+    # ------------------------------------------------------------ train
+    def before_train(self, runner) -> None:
+        loop = runner.train_loop
+        loader = getattr(loop, 'dataloader', None)
+        if not isinstance(loader, DataLoader):
+            runner.logger.warning(
+                'DataMonitorHook needs a torch DataLoader as '
+                f'train_loop.dataloader, got {type(loader).__name__}; '
+                'nothing is measured.')
+            return
+        self.monitor = DataLoaderMonitor(loader, **self.monitor_args)
+        self.monitor.install(loop=loop)
+        pipelines = self.monitor.instrumentation.pipelines
+        runner.logger.info(
+            f'DataMonitorHook: timing {loader.num_workers} worker(s), '
+            f'{sum(len(p["transforms"]) for p in pipelines)} transform(s) '
+            f'in {len(pipelines)} pipeline(s); report every '
+            f'{self.table_interval or "-"} iterations and at the end.')
+
+    def before_train_iter(self,
+                          runner,
+                          batch_idx: int,
+                          data_batch=None) -> None:
+        if isinstance(data_batch, MonitoredBatch):
+            raise RuntimeError(
+                'DataMonitorHook: the training loop got a batch from a '
+                'DataLoader iterator that bypasses DataLoader.__iter__; the '
+                'monitor cannot unwrap it. Remove DataMonitorHook or iterate '
+                'the loader with iter().')
+        if self.monitor is None:
+            return
+        point = self.monitor.step(runner.iter)
+        step = self.monitor.last_step
+        if step is None:
+            self._warn_if_blind(runner)
+            return
+        if step['counted']:
+            self._publish_step(runner, step)
+        if point is not None and get_rank() == 0:
+            scalars = {
+                'data_monitor/wait_time': point['wait'],
+                'data_monitor/compute_time': point['compute'],
+                'data_monitor/worker_time': point['worker'],
+                'data_monitor/transfer_time': point['transfer']
+            }
+            scalars.update({
+                f'data_monitor/{key}_time': ms
+                for key, ms in point['stages'].items()
+            })
+            runner.visualizer.add_scalars(scalars, step=runner.iter + 1)
+
+    def _publish_step(self, runner, step: dict) -> None:
+        self._recent.append((step['wait'], step['compute'] or 0.0))
+        waited = sum(w for w, _ in self._recent)
+        busy = sum(c for _, c in self._recent)
+        hub = runner.message_hub
+        hub.update_scalar('train/dm_wait_time', step['wait'])
+        if step['worker'] is not None:
+            hub.update_scalar('train/dm_worker_time', step['worker'])
+        hub.update_scalar('train/dm_input_bound',
+                          waited / (waited + busy) if waited + busy else 0.0)
+
+    def _warn_if_blind(self, runner) -> None:
+        if (self._warned_blind or self.monitor.steps_without_batch < 3
+                or self.monitor.total.wait.seen):
+            return
+        self._warned_blind = True
+        runner.logger.warning(
+            'DataMonitorHook: no batch went through the monitored '
+            'DataLoader iterator; this training loop iterates the loader '
+            'in a way the monitor cannot see.')
+
+    def after_train_iter(self,
+                         runner,
+                         batch_idx: int,
+                         data_batch=None,
+                         outputs=None) -> None:
+        if (self.monitor is None or not self.table_interval
+                or not self.every_n_train_iters(runner, self.table_interval)):
+            return
+        report, windows = self._gather_report(runner, with_window=True)
+        if get_rank() == 0:
+            worst = report['verdict'].get('worst_rank', 0)
+            tables = [
+                format_worker_table(
+                    windows[worst],
+                    f'DataMonitor at iteration {runner.iter + 1}, rank '
+                    f'{worst}, last {windows[worst]["steps"]} counted '
+                    'steps (ms per batch):')
+            ]
+            if len(windows) > 1:
+                tables.append(format_rank_table(report))
+            runner.logger.info('\n' + '\n'.join(tables) + '\n' +
+                               report['verdict']['summary'])
+            save_report(report, self._path(runner, 'json'))
+        # Gathering and writing is not the model's compute time.
+        self.monitor.mark_pause(settle=False)
+
+    # ------------------------------------------------------------ pauses
+    def before_val(self, runner) -> None:
+        if self.monitor is not None:
+            self.monitor.mark_pause()
+
+    def before_save_checkpoint(self, runner, checkpoint: dict) -> None:
+        if self.monitor is not None:
+            self.monitor.mark_pause()
+
+    # ------------------------------------------------------------ end
+    def after_train(self, runner) -> None:
+        if self.monitor is None:
+            return
+        report, _ = self._gather_report(runner)
+        self.monitor.uninstall()
+        if get_rank() != 0:
+            return
+        json_path = self._path(runner, 'json')
+        save_report(report, json_path)
+        outputs = json_path
+        if self.plot:
+            outputs += ', ' + plot_report(report, self._path(runner, 'png'))
+        runner.logger.info('\n' + format_report(report) +
+                           f'\nDataMonitor report written to {outputs}')
+
+    def _gather_report(self, runner, with_window: bool = False):
+        """The report of all ranks, and their window summaries (or None).
+
+        A collective: every rank calls it at the same iteration.
+        """
+        rank = get_rank()
+        mine = dict(total=dict(self.monitor.summary(), rank=rank))
+        if with_window:
+            mine['window'] = dict(self.monitor.take_window(), rank=rank)
+        gathered = all_gather_object(mine)
+        report = build_report([g['total'] for g in gathered],
+                              world_size=get_world_size(),
+                              iteration=runner.iter,
+                              max_iters=runner.max_iters)
+        return report, [g.get('window') for g in gathered]
+
+    def _path(self, runner, extension: str) -> str:
+        return osp.join(self.out_dir or runner.log_dir,
+                        f'data_monitor.{extension}')
+
+
+def apply_data_monitor_env(cfg: Config, environ=None) -> Optional[bool]:
+    """Turn ``DataMonitorHook`` on or off by ``MMDATA_MONITOR``.
+
+    ``MMDATA_MONITOR=1`` adds ``dict(type='DataMonitorHook')`` to
+    ``cfg.custom_hooks`` unless the config already has one;
+    ``MMDATA_MONITOR=0`` removes it. Unset or empty: the config decides.
+
+    Args:
+        cfg (Config): The training config, changed in place.
+        environ (Mapping, optional): Defaults to ``os.environ``.
+
+    Returns:
+        bool | None: Whether the hook is requested; None when unset.
+    """
+    value = (os.environ if environ is None else environ).get(MONITOR_ENV, '')
+    value = value.strip().lower()
+    if not value:
+        return None
+    if value not in ('1', 'true', 'on', 'yes', '0', 'false', 'off', 'no'):
+        raise ValueError(f'{MONITOR_ENV}={value!r}: expected 1 (on) or 0 '
+                         '(off)')
+    enabled = value in ('1', 'true', 'on', 'yes')
+    hooks = list(cfg.get('custom_hooks', None) or [])
+    present = [
+        h for h in hooks
+        if h.get('type') in ('DataMonitorHook', DataMonitorHook)
+    ]
+    if enabled and not present:
+        hooks.append(dict(type='DataMonitorHook'))
+    elif not enabled:
+        hooks = [h for h in hooks if not any(h is p for p in present)]
+    cfg.custom_hooks = hooks
+    print_log(
+        f'{MONITOR_ENV}={value}: DataMonitorHook '
+        f'{"on" if enabled else "off"}.',
+        logger='current',
+        level=logging.INFO)
+    return enabled

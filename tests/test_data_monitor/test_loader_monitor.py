@@ -1,0 +1,249 @@
+"""DataLoaderMonitor on plain DataLoaders (the API benchmark tools use)."""
+import pickle
+
+import mmcv
+import mmengine.fileio
+import pytest
+from mmcv.transforms import RandomApply, RandomChoice
+from mmengine.dataset import (ClassBalancedDataset, ConcatDataset,
+                              RepeatDataset)
+from monitor_helpers import (DropEvery, Sleep, SleepyCollate, SleepyDataset,
+                             TupleCollate, sleepy_pipeline)
+from torch.utils.data import DataLoader, IterableDataset
+
+from mmdata_plugin.data_monitor import (DataLoaderMonitor, format_report,
+                                        measure_dataloader, probes)
+from mmdata_plugin.data_monitor.worker_timing import (ACCUMULATOR,
+                                                      MonitoredBatch,
+                                                      TimedCollate,
+                                                      TimedTransform)
+from mmdata_plugin.engine import DataMonitorHook
+
+
+def _loader(dataset, **kwargs):
+    return DataLoader(
+        dataset,
+        batch_size=2,
+        collate_fn=kwargs.pop('collate_fn', None) or SleepyCollate(0),
+        **kwargs)
+
+
+def test_steps_after_starts_pauses_and_skips_are_not_counted():
+    loader = DataLoader(list(range(40)), batch_size=2)
+    monitor = DataLoaderMonitor(
+        loader,
+        warmup_iters=2,
+        settle_iters=1,
+        manual_steps=True,
+        timeline_every=2).install()
+
+    def take(n_steps, batches_per_step=1):
+        for _ in range(n_steps):
+            for _ in range(batches_per_step):
+                next(iterator)
+            monitor.step()
+
+    iterator = iter(loader)
+    take(1)  # start-up batch
+    take(2)  # warm-up
+    assert (monitor.total.wait.seen, monitor.skipped) == (0, 3)
+    take(4)
+    assert monitor.total.wait.seen == 4
+    assert len(monitor.timeline) == 2
+    monitor.mark_pause()  # validation: this step and one more
+    take(3)
+    assert (monitor.total.wait.seen, monitor.skipped) == (5, 5)
+    monitor.mark_pause(settle=False)  # a short pause: this step only
+    take(2)
+    assert (monitor.total.wait.seen, monitor.skipped) == (6, 6)
+    take(1, batches_per_step=3)  # batches taken without steps (resume)
+    take(2)
+    assert (monitor.total.wait.seen, monitor.skipped) == (7, 8)
+    iterator = iter(loader)  # a new epoch: start-up + settle
+    take(3)
+    assert (monitor.total.wait.seen, monitor.skipped) == (8, 10)
+    assert monitor.starts == 2 and monitor.startup.wait.seen == 2
+    monitor.step()  # no batch since the last step
+    assert monitor.last_step is None and monitor.steps_without_batch == 1
+    # A plain list cannot be switched to a timed class: collate only.
+    assert set(monitor.summary()['stages']) == {'collate'}
+    monitor.uninstall()
+
+
+def test_measure_dataloader_reports_and_restores_the_loader():
+    dataset = SleepyDataset(num=24, io_ms=1, pipeline=sleepy_pipeline((1, 2)))
+    loader = _loader(dataset, num_workers=2, collate_fn=SleepyCollate(1))
+    pipeline = list(dataset.pipeline.transforms)
+    collate = loader.collate_fn
+
+    report = measure_dataloader(loader, 12, warmup_iters=2)
+
+    assert report['schema'] == 'mmdata_plugin.data_monitor/1'
+    rank = report['ranks'][0]
+    assert rank['steps'] == 12 - 3  # start-up + 2 warm-up
+    assert rank['transforms']['02_Sleep']['mean'] >= 2 * 2
+    assert rank['stages']['collate']['mean'] >= 1
+    # A consumer that does nothing is input-bound by definition.
+    assert report['verdict']['input_bound'] == 'high'
+    assert 'Where the data time goes' in format_report(report)
+    assert type(loader) is DataLoader and loader.collate_fn is collate
+    assert type(dataset) is SleepyDataset
+    assert dataset.pipeline.transforms == pipeline
+    assert mmengine.fileio.get is mmengine.fileio.io.get
+    assert not hasattr(mmengine.fileio.get, '_data_monitor_original')
+
+
+def _nested():
+    return SleepyDataset(
+        num=6,
+        pipeline=[
+            dict(type='LoadImageFromFile'),
+            RandomApply([Sleep(2), Sleep(0)], prob=1.0),
+            RandomChoice([[Sleep(1)], [Sleep(1)]], prob=[1.0, 0.0]),
+            dict(type='PackImageLabelInputs'),
+        ])
+
+
+NESTED_KEYS = [
+    '00_LoadImageFromFile', '01_RandomApply', '01_RandomApply.0_Sleep',
+    '01_RandomApply.1_Sleep', '02_RandomChoice', '02_RandomChoice.0.0_Sleep',
+    '02_RandomChoice.1.0_Sleep', '03_PackImageLabelInputs'
+]
+# Measured: all but the RandomChoice branch that is never taken.
+RUN_KEYS = [key for key in NESTED_KEYS if key != '02_RandomChoice.1.0_Sleep']
+
+
+def _measure(dataset):
+    loader = _loader(dataset, shuffle=False)
+    monitor = DataLoaderMonitor(loader, warmup_iters=0).install()
+    batches = [batch for batch in loader]
+    report = monitor.report()
+    monitor.uninstall()
+    assert all(set(b) == {'inputs', 'data_samples'} for b in batches)
+    return report, report['ranks'][0]['transforms']
+
+
+@pytest.mark.parametrize('wrapper', [RepeatDataset, ClassBalancedDataset])
+def test_wrapped_datasets_and_nested_transforms_are_timed(wrapper):
+    nested = _nested()
+    args = dict(times=2) if wrapper is RepeatDataset else dict(
+        oversample_thr=0.5)
+    dataset = wrapper(nested, **args)
+    report, transforms = _measure(dataset)
+
+    assert [
+        (p['id'], p['dataset'], p['dataset_type']) for p in report['pipelines']
+    ] == [('p0', 'dataset.dataset', 'SleepyDataset')]
+    assert report['pipelines'][0]['transforms'] == NESTED_KEYS
+    assert sorted(transforms) == sorted(RUN_KEYS)
+    # Wrappers are charged their own time only, not their children's.
+    assert (transforms['01_RandomApply']['mean']
+            < transforms['01_RandomApply.0_Sleep']['mean'] / 4)
+    assert transforms['01_RandomApply.0_Sleep']['mean'] >= 2 * 2
+    assert type(dataset) is wrapper
+    assert not isinstance(nested.pipeline.transforms[1], TimedTransform)
+    assert not isinstance(
+        nested.pipeline.transforms[1].transforms.transforms[0], TimedTransform)
+
+
+def test_concatenated_pipelines_are_told_apart():
+    plain = SleepyDataset(num=6, pipeline=sleepy_pipeline((0.5, )))
+    report, transforms = _measure(ConcatDataset([_nested(), plain]))
+    assert [(p['id'], p['dataset'])
+            for p in report['pipelines']] == [('p0', 'dataset.datasets[0]'),
+                                              ('p1', 'dataset.datasets[1]')]
+    assert sorted(transforms) == sorted([f'p0:{key}' for key in RUN_KEYS] + [
+        'p1:00_LoadImageFromFile', 'p1:01_Sleep', 'p1:02_PackImageLabelInputs'
+    ])
+
+
+def test_refetched_samples_are_counted_with_their_cost():
+    dataset = SleepyDataset(
+        num=12,
+        pipeline=[Sleep(1),
+                  DropEvery(3),
+                  dict(type='LoadImageFromFile')])
+    report = measure_dataloader(_loader(dataset), 12, warmup_iters=0)
+    refetch = report['ranks'][0]['refetch']
+    assert refetch['drops'] == {'01_DropEvery': refetch['count']}
+    assert refetch['count'] >= 5
+    assert refetch['ms_per_batch'] >= 1  # each dropped attempt slept 1 ms
+    assert 'refetch' in [a['topic'] for a in report['advice']]
+
+
+def test_non_dict_batches_and_unbatched_loaders():
+    dataset = SleepyDataset(num=8, pipeline=sleepy_pipeline(()))
+    loader = _loader(dataset, collate_fn=TupleCollate(), num_workers=1)
+    with DataLoaderMonitor(loader, warmup_iters=0):
+        batches = list(loader)
+    assert all(type(b) is tuple and len(b) == 2 for b in batches)
+
+    unbatched = DataLoader(dataset, batch_size=None)
+    with DataLoaderMonitor(unbatched, warmup_iters=0) as monitor:
+        samples = list(unbatched)
+    assert all(set(s) == {'inputs', 'data_samples'} for s in samples)
+    assert monitor.summary()['samples_per_batch'] == 1
+
+
+class _Stream(IterableDataset):
+
+    def __init__(self) -> None:
+        self.pipeline = [Sleep(1)]
+
+    def __iter__(self):
+        for i in range(8):
+            yield self.pipeline[0](dict(i=i))
+
+
+def test_iterable_datasets_time_their_pipeline_and_collate():
+    loader = _loader(_Stream())
+    report = measure_dataloader(loader, 4, warmup_iters=0)
+    rank = report['ranks'][0]
+    assert set(rank['stages']) == {'collate'}
+    assert rank['transforms']['00_Sleep']['mean'] >= 2
+
+
+def test_timed_objects_survive_pickling_for_spawn_workers():
+    dataset = ConcatDataset([
+        SleepyDataset(num=4, pipeline=sleepy_pipeline((1, ))),
+        SleepyDataset(num=4, pipeline=sleepy_pipeline((1, )))
+    ])
+    loader = _loader(dataset)
+    with DataLoaderMonitor(loader):
+        copy = pickle.loads(pickle.dumps(dataset))
+        collate = pickle.loads(pickle.dumps(loader.collate_fn))
+    assert type(copy).__mro__[1] is ConcatDataset  # the timed subclass
+    assert type(copy).__name__ == 'ConcatDataset'
+    inner = copy.datasets[1].pipeline.transforms[1]
+    assert isinstance(inner, TimedTransform) and inner.key == 'p1:01_Sleep'
+    assert inner.ms == 1  # attributes reach the wrapped transform
+    assert isinstance(collate, TimedCollate)
+    batch = collate([copy[0], copy[5]])
+    assert isinstance(batch, MonitoredBatch)
+    assert batch.record['samples'] == 2
+    assert set(batch.record['stages']) >= {
+        'fetch', 'io', 'decode', 'collate', 'p0:01_Sleep', 'p1:01_Sleep'
+    }
+
+
+def test_probes_time_only_inside_monitored_fetches():
+    probes.ensure_installed()
+    try:
+        assert hasattr(mmcv.imfrombytes, '_data_monitor_original')
+        before = dict(ACCUMULATOR.stages)
+        mmengine.fileio.get(__file__)
+        assert ACCUMULATOR.stages == before
+    finally:
+        probes.uninstall()
+    assert not hasattr(mmcv.imfrombytes, '_data_monitor_original')
+
+
+def test_bad_inputs_are_refused_with_a_clear_error():
+    with pytest.raises(TypeError, match='needs a torch DataLoader'):
+        DataLoaderMonitor([1, 2, 3])
+    loader = DataLoader(list(range(4)))
+    with DataLoaderMonitor(loader):
+        with pytest.raises(RuntimeError, match='already measured by another'):
+            DataLoaderMonitor(loader).install()
+    with pytest.raises(RuntimeError, match='bypasses DataLoader.__iter__'):
+        DataMonitorHook().before_train_iter(None, 0, MonitoredBatch({}, {}))

@@ -1,0 +1,284 @@
+"""DataMonitorHook in real mmengine training runs.
+
+The loop x workers x persistent x pin_memory x start-method matrix runs the
+sleepy pipeline of monitor_helpers; every run is checked against a run
+without the hook: the model must get the very same batches.
+"""
+import glob
+import json
+import os
+import os.path as osp
+
+import pytest
+from helpers import DEMO_CONFIG, TRAIN_SCRIPT, quick_cfg_options
+from mmengine.config import Config
+from monitor_helpers import (SeedingDataset, SleepyCollate, SleepyDataset,
+                             TupleCollate, train)
+from torch.utils.data import DataLoader
+
+from mmdata_plugin.data_monitor.worker_timing import (TimedCollate,
+                                                      TimedTransform)
+from mmdata_plugin.engine import DataMonitorHook, apply_data_monitor_env
+from mmdata_plugin.testing import run_torchrun
+
+LOOPS = ('iter', 'epoch', 'lazy')
+# pin_memory=True runs on this CPU-only machine; torch warns it is a no-op.
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:'pin_memory' argument is set as true")
+
+
+def _report(runner) -> dict:
+    with open(osp.join(runner.log_dir, 'data_monitor.json')) as f:
+        return json.load(f)
+
+
+def _matrix():
+    cases = [(loop, 0, False, pin, 'fork') for loop in LOOPS
+             for pin in (False, True)]
+    cases += [(loop, 2, persistent, pin, 'fork') for loop in LOOPS
+              for persistent in (False, True) for pin in (False, True)]
+    # spawn workers import torch and mmengine (seconds each): one per loop.
+    cases += [('iter', 2, True, True, 'spawn'),
+              ('epoch', 2, False, False, 'spawn'),
+              ('lazy', 2, True, False, 'spawn')]
+    return cases
+
+
+@pytest.fixture(scope='module')
+def reference_batches(tmp_path_factory):
+    """What the model gets without the hook, per loop and worker count."""
+    cache = {}
+
+    def get(loop, num_workers):
+        if (loop, num_workers) not in cache:
+            runner = train(
+                tmp_path_factory.mktemp('reference'),
+                loop=loop,
+                num_workers=num_workers,
+                monitor=False)
+            cache[loop, num_workers] = runner.model.seen
+        return cache[loop, num_workers]
+
+    return get
+
+
+@pytest.mark.parametrize('loop,workers,persistent,pin,start', _matrix())
+def test_matrix_measures_without_changing_batches(tmp_path, reference_batches,
+                                                  loop, workers, persistent,
+                                                  pin, start):
+    runner = train(
+        tmp_path,
+        loop=loop,
+        num_workers=workers,
+        persistent=persistent,
+        pin=pin,
+        start=start)
+    assert runner.model.seen == reference_batches(loop, workers)
+    assert all(not foreign for _, foreign in runner.model.seen)
+
+    report = _report(runner)
+    rank = report['ranks'][0]
+    assert rank['steps'] >= 4
+    assert [w['worker'] for w in rank['workers']] == (
+        list(range(workers)) if workers else [-1])
+    assert set(rank['stages']) == {'io', 'decode', 'fetch', 'collate'}
+    assert list(rank['transforms']) == [
+        '00_LoadImageFromFile', '01_Sleep', '02_Sleep', '03_RandomImageCrop',
+        '04_PackImageLabelInputs'
+    ]
+    assert rank['transforms']['01_Sleep']['mean'] >= 2 * 0.5
+    assert report['context']['num_workers'] == workers
+    assert report['context']['start_method'] == (start if workers else None)
+
+    assert [p['dataset'] for p in report['pipelines']] == [
+        'dataset.dataset' if loop == 'lazy' else 'dataset'
+    ]
+    loader = runner.train_dataloader
+    assert type(loader) is DataLoader
+    assert not isinstance(loader.collate_fn, TimedCollate)
+    dataset = loader.dataset.dataset if loop == 'lazy' else loader.dataset
+    assert type(dataset) is SleepyDataset
+    assert type(loader.dataset) is (
+        SeedingDataset if loop == 'lazy' else SleepyDataset)
+    assert not any(
+        isinstance(t, TimedTransform) for t in dataset.pipeline.transforms)
+
+
+def test_verdict_flips_with_the_model_step_and_names_the_stage(tmp_path):
+    # Per batch of 2: read 2x2 ms, transforms 2x1 and 2x8 ms, collate 3 ms
+    # on one worker: ~25 ms, against a 0 ms or a 150 ms model step (wide
+    # margins: the cores are shared).
+    costs = dict(
+        num_workers=1,
+        io_ms=2,
+        transform_ms=(1, 8),
+        collate=SleepyCollate(3),
+        max_iters=14,
+        hook=dict(warmup_iters=2))
+    fast = _report(train(tmp_path / 'fast', step_ms=0, **costs))
+    slow = _report(train(tmp_path / 'slow', step_ms=150, **costs))
+
+    assert fast['verdict']['input_bound'] == 'high', fast['verdict']
+    assert slow['verdict']['input_bound'] == 'none', slow['verdict']
+    for report in (fast, slow):
+        rank = report['ranks'][0]
+        stages, transforms = rank['stages'], rank['transforms']
+        # Sleeps are lower bounds; each cost lands in its own stage.
+        assert stages['io']['mean'] >= 4
+        assert transforms['01_Sleep']['mean'] >= 2
+        assert transforms['02_Sleep']['mean'] >= 16
+        assert stages['collate']['mean'] >= 3
+        assert 0 < stages['decode']['mean'] < stages['io']['mean']
+        # Self time: the loader transform is not charged its read/decode.
+        assert (transforms['00_LoadImageFromFile']['mean']
+                < stages['io']['mean'] / 2)
+        parts = sum(s['mean']
+                    for s in [*stages.values(), *transforms.values()])
+        assert 0.8 * rank['worker']['mean'] <= parts <= rank['worker']['mean']
+        assert report['verdict']['bottleneck'] == '02_Sleep'
+    assert fast['verdict']['workers_needed'] >= 2
+    assert slow['verdict']['workers_needed'] == 1
+    topics = [a['topic'] for a in fast['advice']]
+    assert topics[:2] == ['workers', 'stage']
+    assert '02_Sleep is' in fast['advice'][1]['text']
+    assert slow['advice'] == []
+
+
+def test_non_dict_batches_reach_the_model_unchanged(tmp_path,
+                                                    reference_batches):
+    runner = train(tmp_path, collate=TupleCollate(), num_workers=2)
+    assert all(not foreign for _, foreign in runner.model.seen)
+    assert _report(runner)['ranks'][0]['batches'] >= 4
+
+
+def test_validation_checkpoints_and_resume_are_not_counted(tmp_path):
+    runner = train(
+        tmp_path,
+        num_workers=0,
+        max_iters=12,
+        val=4,
+        hook=dict(warmup_iters=0, settle_iters=0, table_interval=0),
+        default_hooks=dict(
+            checkpoint=dict(type='CheckpointHook', interval=6,
+                            by_epoch=False)))
+    rank = _report(runner)['ranks'][0]
+    # 12 steps: the start-up batch and the steps right after validation
+    # (4, 8) and checkpoint (6) are not counted (12 is the last).
+    assert (rank['steps'], rank['skipped']) == (12 - 4, 4)
+
+    resumed = train(
+        tmp_path,
+        num_workers=2,
+        max_iters=16,
+        hook=dict(warmup_iters=0, table_interval=0),
+        resume=True)
+    rank = _report(resumed)['ranks'][0]
+    # The 12 batches skipped on resume are not steps: 4 trained, of which
+    # the first (start-up, skipped batches) and the batches in flight are
+    # not counted.
+    assert rank['steps'] + rank['skipped'] == 4
+    assert rank['skipped'] >= 1
+
+
+def test_outputs_log_line_visualizer_tables_and_png(tmp_path):
+    runner = train(
+        tmp_path,
+        max_iters=12,
+        num_workers=2,
+        log_level='INFO',
+        hook=dict(plot=True))
+    log = open(osp.join(runner.log_dir, f'{runner.timestamp}.log')).read()
+    assert 'DataMonitor at iteration 4, rank 0' in log
+    assert 'Where the data time goes' in log
+    assert 'Input-bound: ' in log
+    assert osp.getsize(osp.join(runner.log_dir, 'data_monitor.png')) > 10_000
+    scalars = [
+        json.loads(line)
+        for line in open(osp.join(runner.log_dir, 'vis_data', 'scalars.json'))
+    ]
+    logged = [s for s in scalars if 'dm_wait_time' in s]
+    assert logged and all('dm_input_bound' in s for s in logged)
+    detail = [s for s in scalars if 'data_monitor/02_Sleep_time' in s]
+    assert detail and 'data_monitor/io_time' in detail[0]
+
+
+def test_env_variable_turns_the_hook_on_and_off():
+    cfg = Config(dict(custom_hooks=[dict(type='EMAHook')]))
+    assert apply_data_monitor_env(cfg, {}) is None
+    assert apply_data_monitor_env(cfg, {'MMDATA_MONITOR': '1'}) is True
+    assert [h['type']
+            for h in cfg.custom_hooks] == ['EMAHook', 'DataMonitorHook']
+    apply_data_monitor_env(cfg, {'MMDATA_MONITOR': '1'})  # no duplicate
+    assert len(cfg.custom_hooks) == 2
+    assert apply_data_monitor_env(cfg, {'MMDATA_MONITOR': 'off'}) is False
+    assert [h['type'] for h in cfg.custom_hooks] == ['EMAHook']
+    with pytest.raises(ValueError, match="MMDATA_MONITOR='maybe'"):
+        apply_data_monitor_env(cfg, {'MMDATA_MONITOR': 'maybe'})
+
+
+def test_bad_arguments_are_named():
+    with pytest.raises(ValueError, match='interval=0'):
+        DataMonitorHook(interval=0)
+
+
+SLOW_RANK_PLUGIN = '''
+import os
+import time
+
+from mmengine.registry import TRANSFORMS
+
+
+@TRANSFORMS.register_module()
+class SlowOnRank:
+    """Takes ``ms`` milliseconds per sample on rank ``rank`` only."""
+
+    def __init__(self, rank, ms):
+        self.slow = int(os.environ.get('RANK', 0)) == rank
+        self.ms = ms
+
+    def __call__(self, results):
+        if self.slow:
+            time.sleep(self.ms / 1e3)
+        return results
+'''
+
+
+def test_two_rank_run_names_the_slowed_rank(tmp_path, train_env):
+    (tmp_path / 'slow_rank_plugin.py').write_text(SLOW_RANK_PLUGIN)
+    config = tmp_path / 'slow_rank.py'
+    config.write_text(
+        f'_base_ = [{DEMO_CONFIG!r}]\n'
+        "custom_imports = dict(imports=['mmdata_plugin', 'slow_rank_plugin'],"
+        ' allow_failed_imports=False)\n'
+        'custom_hooks = []  # MMDATA_MONITOR=1 adds the hook\n'
+        'train_dataloader = dict(num_workers=1, dataset=dict(pipeline=['
+        "dict(type='LoadImageFromFile'), "
+        "dict(type='SlowOnRank', rank=1, ms=40), "
+        "dict(type='RandomImageCrop', crop_size=64), "
+        "dict(type='PackImageLabelInputs')]))\n")
+    env = dict(
+        train_env,
+        MMDATA_MONITOR='1',
+        PYTHONPATH=f"{train_env['PYTHONPATH']}{os.pathsep}{tmp_path}")
+    work_dir = tmp_path / 'work'
+    out = run_torchrun(
+        TRAIN_SCRIPT, [
+            str(config), '--work-dir',
+            str(work_dir), '--launcher', 'pytorch',
+            *quick_cfg_options(max_iters=24, interval=24)
+        ],
+        env=env).stdout
+
+    assert 'MMDATA_MONITOR=1: DataMonitorHook on.' in out
+    (path, ) = glob.glob(str(work_dir / '*' / 'data_monitor.json'))
+    with open(path) as f:
+        report = json.load(f)
+    verdict = report['verdict']
+    assert [r['rank'] for r in report['ranks']] == [0, 1]
+    assert verdict['worst_rank'] == 1
+    assert verdict['input_bound'] == 'high'
+    assert verdict['rank_wait_shares'][
+        '1'] > 4 * verdict['rank_wait_shares']['0']
+    assert verdict['bottleneck'] == '01_SlowOnRank'
+    assert '(rank 1, the worst of 2)' in out
+    assert 'Rank 1 is starved' in out
