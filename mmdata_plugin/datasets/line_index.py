@@ -39,6 +39,8 @@ _HEADER_SIZE = 4096
 # Small enough that the vectorised scan stays in the CPU caches (measured:
 # 4 MiB chunks scan ~1.8x faster than 64 MiB ones).
 _CHUNK_SIZE = 4 << 20
+# Error messages count newlines (for a line number) up to this offset only.
+_LINE_COUNT_LIMIT = 64 << 20
 _EDGE_SIZE = 64 << 10
 
 
@@ -169,9 +171,16 @@ class LineIndex:
         _, ann_fd = self._open()
         return os.pread(ann_fd, span[1] - span[0], span[0])
 
-    def line_number(self, sample: int) -> int:
-        """1-based line number of sample ``sample`` (reads up to it)."""
+    def line_number(self, sample: int) -> Optional[int]:
+        """1-based line number of sample ``sample``, for error messages.
+
+        It needs a count of the newlines before the sample, so it is given
+        only within the first ``_LINE_COUNT_LIMIT`` bytes (None beyond): a
+        worker must not scan tens of GB before it can raise.
+        """
         start, _ = self.span(sample)
+        if start > _LINE_COUNT_LIMIT:
+            return None
         _, ann_fd = self._open()
         newlines, pos = 0, 0
         while pos < start:

@@ -169,7 +169,9 @@ class RankShardedDataset(BaseDataset):
             raw = self._index.read(line)
         # The index build validated every line (UTF-8, format) with the
         # rules of annotation_lines, and LineIndex refuses a changed file.
-        text = raw.decode('utf-8').strip()
+        # rstrip only: like annotation_lines, leading spaces belong to the
+        # path (json.loads ignores surrounding whitespace itself).
+        text = raw.decode('utf-8').rstrip()
         data_info = self._parse(text, line)
         data_info['sample_idx'] = idx
         return data_info
@@ -209,7 +211,11 @@ class RankShardedDataset(BaseDataset):
         return data_info
 
     def _where(self, line: int) -> str:
-        return f'{self.ann_file}:{self._index.line_number(line)}'
+        line_number = self._index.line_number(line)
+        if line_number is None:
+            start, _ = self._index.span(line)
+            return f'{self.ann_file}: record {line} at byte {start}'
+        return f'{self.ann_file}:{line_number}'
 
     def get_cat_ids(self, idx: int) -> List[int]:
         data_info = self.get_data_info(idx)

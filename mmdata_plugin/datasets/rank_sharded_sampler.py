@@ -208,8 +208,8 @@ class RankShardedInfiniteSampler(_RankStream):
     permutation; ``shuffle=False``: 0..N-1 repeated); rank r of W takes
     positions ``r, r + W, ...``. ``set_epoch`` is accepted and ignored, like
     mmengine's. ``mini_epochs`` does not change the stream; with a
-    materialising dataset it is how many parts of a pass each shard file
-    holds.
+    materialising dataset it is how many shard files each pass is split
+    into.
 
     Args:
         dataset (Sized): The dataset (global: the same on all ranks).

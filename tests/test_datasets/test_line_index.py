@@ -167,3 +167,13 @@ def test_progress_bar_reports_rate_and_eta(capsys, monkeypatch):
     bar.update(50)
     err = capsys.readouterr().err
     assert 'indexing x:' in err and '50.0%' in err and 'ETA' in err
+
+
+def test_line_number_is_not_counted_far_into_the_file(tmp_path, monkeypatch):
+    # Error messages must not make a worker scan a huge file: beyond the
+    # limit the caller reports the record and byte offset instead.
+    monkeypatch.setattr(line_index_module, '_LINE_COUNT_LIMIT', 10)
+    ann = _write(tmp_path / 'ann.txt', LINES)
+    index = ensure_line_index(ann, ann + '.idx', 'lines')
+    assert index.line_number(0) == 1
+    assert index.line_number(3) is None

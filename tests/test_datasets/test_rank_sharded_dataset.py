@@ -120,6 +120,25 @@ def test_bad_jsonl_record_names_file_and_line(tmp_path, record, match):
         ours.get_data_info(1)
 
 
+def test_leading_spaces_belong_to_the_path_like_image_list_dataset(
+        tmp_path):
+    ours = _dataset(tmp_path, b' lead.jpg 4\n')
+    stock = ImageListDataset(ann_file='ann.txt', data_root=str(tmp_path))
+    assert ours.get_data_info(0)['img_path'] == stock.get_data_info(
+        0)['img_path'] == osp.join(str(tmp_path), ' lead.jpg')
+
+
+def test_bad_record_far_into_the_file_names_record_and_byte(
+        tmp_path, monkeypatch):
+    from mmdata_plugin.datasets import line_index
+    monkeypatch.setattr(line_index, '_LINE_COUNT_LIMIT', 8)
+    data = b'{"img_path": "ok.jpg"}\n{"gt_label": 1}\n'
+    ours = _dataset(tmp_path, data, name='ann.jsonl')
+    with pytest.raises(AnnotationFormatError,
+                       match=r'ann\.jsonl: record 1 at byte 23: the record'):
+        ours.get_data_info(1)
+
+
 def test_bad_annotation_files(tmp_path):
     with pytest.raises(FileNotFoundError, match='nope.txt'):
         RankShardedDataset(ann_file='nope.txt', data_root=str(tmp_path))
