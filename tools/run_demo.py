@@ -73,6 +73,19 @@ def last_val_metrics(work_dir: str) -> dict:
     return metrics
 
 
+def log_lines_with(logs, *markers):
+    """The lines of the logs that start with one of ``markers`` (after the
+    mmengine prefix), in order."""
+    found = []
+    for log in logs:
+        with open(log, encoding='utf-8') as f:
+            for line in f:
+                text = line.split(' - mmengine - INFO - ', 1)[-1].strip()
+                if text.startswith(markers):
+                    found.append(text)
+    return found
+
+
 def main():
     args = parse_args()
     env = dict(os.environ, MMDATA_DEMO_ROOT=args.data_root, PYTHONUNBUFFERED='1')
@@ -98,8 +111,16 @@ def main():
     print(f'  checkpoints  : {", ".join(map(osp.basename, checkpoints))}')
     for log in logs:
         print(f'  log          : {log}')
+    for report in sorted(
+            glob.glob(osp.join(args.work_dir, '*', 'data_monitor.*'))):
+        print(f'  data monitor : {report}')
     if metrics:
         print(f'  val top-1    : {metrics["cls/top1"]:.1f}% (final)')
+    for line in log_lines_with(logs, 'Fast resume:'):
+        print(f'  {line}')
+    verdicts = log_lines_with(logs[-1:], 'Input-bound:')
+    if verdicts:
+        print(f'  Data monitor, whole resumed run: {verdicts[-1]}')
 
 
 if __name__ == '__main__':
