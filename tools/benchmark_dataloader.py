@@ -27,7 +27,7 @@ def parse_args():
         'it and print samples/s, batches/s and where the time goes (file '
         'read, decode, each transform, collate, wait, transfer), measured by '
         "DataMonitorHook's DataLoaderMonitor. With several worker counts, "
-        'compare them and recommend the smallest within 5%% of the best.')
+        'compare them and recommend the smallest within 5% of the best.')
     parser.add_argument('config', help='config file')
     parser.add_argument(
         '--split',

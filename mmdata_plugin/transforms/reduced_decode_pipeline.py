@@ -73,8 +73,8 @@ class ReducedDecodePipeline(Compose):
         self.pinned_resize = _pin_output_shape(resize)
         if self.pinned_resize is None and not loader_cfg['exact_shapes']:
             raise ValueError(
-                f'exact_shapes=False needs a resize whose output size can be '
-                f'computed from the original image (mmcv/mmdet Resize, '
+                'exact_shapes=False needs a resize whose output size can be '
+                'computed from the original image (mmcv/mmdet Resize, '
                 f'RandomResize, RandomChoiceResize); {type(resize).__name__} '
                 'derives it from the reduced image and could return a shape '
                 'one pixel off. Keep exact_shapes=True.')
