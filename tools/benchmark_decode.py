@@ -50,6 +50,13 @@ def parse_args():
         '--interpolation',
         default='bilinear',
         help="the Resize's interpolation (mmcv's default: bilinear)")
+    parser.add_argument(
+        '--exact-shapes',
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help='ReducedDecodePipeline(exact_shapes=...): with '
+        '--no-exact-shapes frames whose sides do not divide by the decode '
+        'scale are reduced too (default: only exact scales)')
     return parser.parse_args()
 
 
@@ -91,6 +98,11 @@ def measure(paths: List[str], baseline, ours, repeats: int) -> dict:
     for path in paths:
         full = outputs[(path, False)]
         reduced = outputs[(path, True)]
+        if reduced['img'].shape != full['img'].shape:
+            raise RuntimeError(
+                f'{path}: the reduced path output {reduced["img"].shape}, '
+                f'the baseline {full["img"].shape}; ReducedDecodePipeline '
+                'must give the same shape (a bug: please report it)')
         psnr_base.append(pixel_difference(reduced['img'], full['img']).psnr)
         # Alias-free reference: the full decode shrunk by area averaging.
         ideal = cv2.resize(
@@ -138,7 +150,7 @@ def main():
         print('baseline: LoadImageFromFile + Resize(scale=(S, '
               f'{UNBOUNDED_SIDE}), keep_ratio=True, interpolation='
               f"'{args.interpolation}'); ours: the same list in "
-              'ReducedDecodePipeline')
+              f'ReducedDecodePipeline(exact_shapes={args.exact_shapes})')
         if skipped:
             print(f'skipped (not installed): {", ".join(skipped)}')
         print('PSNR: ours vs the baseline output; "vs area" compares with the'
@@ -162,9 +174,11 @@ def main():
                             type='LoadImageFromFile',
                             imdecode_backend=backend), resize
                     ]
-                    row = measure(frames[size], Compose(pipeline),
-                                  ReducedDecodePipeline(pipeline),
-                                  args.repeats)
+                    row = measure(
+                        frames[size], Compose(pipeline),
+                        ReducedDecodePipeline(
+                            pipeline, exact_shapes=args.exact_shapes),
+                        args.repeats)
                     row.update(size=size, short=short, backend=backend)
                     rows.append(row)
                     print(f'{size:<11}{short:>6}  {backend:<10}'

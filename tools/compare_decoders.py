@@ -1,5 +1,6 @@
 # Which image decoder is fastest on YOUR files, and how different are they?
 import argparse
+import copy
 import os
 import os.path as osp
 import random
@@ -61,6 +62,11 @@ def parse_args():
         default=3,
         help='decodes per file and variant; the median counts (3)')
     parser.add_argument(
+        '--exact-shapes',
+        action=argparse.BooleanOptionalAction,
+        help='reduce only by scales that divide both sides (the loader\'s '
+        'default); default: as the config\'s loader or wrapper')
+    parser.add_argument(
         '--seed', type=int, default=0, help='seed of the file sample')
     parser.add_argument(
         '--cfg-options',
@@ -88,13 +94,18 @@ def files_in_folder(folder: str, num: int, seed: int) -> List[str]:
 
 def find_pipeline(dataset_cfg: dict) -> Optional[list]:
     """The pipeline of a dataset config, looking into dataset wrappers and
-    into a ReducedDecodePipeline wrapping the whole pipeline."""
+    into a ReducedDecodePipeline wrapping the whole pipeline (whose
+    ``exact_shapes`` then goes to the loader, as the wrapper does)."""
     while dataset_cfg is not None:
         if dataset_cfg.get('pipeline'):
             pipeline = list(dataset_cfg['pipeline'])
             if len(pipeline) == 1 and transform_type(
                     pipeline[0]) == 'ReducedDecodePipeline':
-                pipeline = list(pipeline[0]['transforms'])
+                wrapper = pipeline[0]
+                pipeline = copy.deepcopy(list(wrapper['transforms']))
+                if 'exact_shapes' in wrapper:
+                    loader_cfg(pipeline).setdefault('exact_shapes',
+                                                    wrapper['exact_shapes'])
             return pipeline
         dataset_cfg = dataset_cfg.get('dataset')
     return None
@@ -125,6 +136,14 @@ def loader_cfg(pipeline: Optional[list]) -> dict:
 
 
 def reduced_target(args, pipeline: Optional[list]) -> Tuple[dict, str]:
+    exact = loader_cfg(pipeline).get('exact_shapes', True)
+    if args.exact_shapes is not None:
+        exact = args.exact_shapes
+    target, origin = decode_size(args, pipeline)
+    return dict(target, exact_shapes=exact), origin
+
+
+def decode_size(args, pipeline: Optional[list]) -> Tuple[dict, str]:
     if args.short_side:
         return dict(scale=(args.short_side, UNBOUNDED_SIDE),
                     keep_ratio=True), '--short-side'
@@ -265,7 +284,8 @@ def main():
     print(f'compare_decoders: {where} ({jpegs} JPEG, {len(paths) - jpegs} '
           f'other)')
     print(f'reduced variants decode at least scale={target["scale"]}, '
-          f'keep_ratio={target["keep_ratio"]} (from {origin})')
+          f'keep_ratio={target["keep_ratio"]} (from {origin}), '
+          f'exact_shapes={target["exact_shapes"]}')
     print(f'median read time (mmengine.fileio.get): '
           f'{statistics.median(read_times) * 1e3:.2f} ms per file')
     missing = [b for b in DECODE_BACKENDS if b not in backends]

@@ -9,13 +9,17 @@ docs/data_monitor.md) rendered by :func:`format_report` and
 from .loader_monitor import (DataLoaderMonitor, loader_context,
                              measure_dataloader)
 from .plot import plot_report
-from .report import (format_rank_table, format_report, format_worker_table,
-                     load_report, save_report)
+from .report import (format_rank_table, format_report, format_stage_table,
+                     format_throughput, format_worker_table, load_report,
+                     save_report)
 from .verdict import build_report, input_bound_level
+from .worker_sweep import (format_sweep_table, recommend_workers,
+                           summarize_runs)
 
 __all__ = [
     'DataLoaderMonitor', 'loader_context', 'measure_dataloader', 'plot_report',
-    'format_rank_table', 'format_report', 'format_worker_table',
-    'load_report', 'save_report',
-    'build_report', 'input_bound_level'
+    'format_rank_table', 'format_report', 'format_stage_table',
+    'format_throughput', 'format_worker_table', 'load_report', 'save_report',
+    'build_report', 'input_bound_level', 'format_sweep_table',
+    'recommend_workers', 'summarize_runs'
 ]

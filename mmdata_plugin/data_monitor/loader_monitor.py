@@ -158,6 +158,11 @@ class DataLoaderMonitor:
             (a training loop calls it once per iteration, so batches that
             are fetched and skipped, e.g. on resume, are not counted);
             otherwise every batch is a step. Defaults to False.
+        count_restarts (bool): Count the first batch after a later start of
+            iteration (a new epoch) like any other: a loader benchmark then
+            includes what each epoch's start costs (refilling the queues,
+            new workers when they are not persistent). Use with
+            ``settle_iters=0``. Defaults to False.
     """
 
     def __init__(self,
@@ -168,7 +173,8 @@ class DataLoaderMonitor:
                  settle_iters: Optional[int] = None,
                  timeline_every: int = 50,
                  max_timeline_points: int = 500,
-                 manual_steps: bool = False) -> None:
+                 manual_steps: bool = False,
+                 count_restarts: bool = False) -> None:
         if not isinstance(dataloader, DataLoader):
             raise TypeError('DataLoaderMonitor needs a torch DataLoader, got '
                             f'{type(dataloader).__name__}')
@@ -184,6 +190,7 @@ class DataLoaderMonitor:
         self.timeline_every = timeline_every
         self.max_timeline_points = max_timeline_points
         self.manual_steps = manual_steps
+        self.count_restarts = count_restarts
         self.instrumentation = LoaderInstrumentation(dataloader, per_transform,
                                                      split_io_decode)
         self._base_class: Optional[type] = None
@@ -237,6 +244,11 @@ class DataLoaderMonitor:
     @property
     def installed(self) -> bool:
         return self._base_class is not None
+
+    @property
+    def counted_steps(self) -> int:
+        """Steps measured so far (warm-up and settling not included)."""
+        return self.total.wait.seen
 
     def __enter__(self) -> 'DataLoaderMonitor':
         return self.install()
@@ -339,6 +351,8 @@ class DataLoaderMonitor:
         previous, self._last_received = self._last_received, received
         wait = received - requested
         counted = False
+        if self._starting and self.count_restarts and self.starts > 1:
+            self._starting = False  # a new epoch's first batch: counted
         if self._starting or count > 1:
             if self._starting and count == 1:
                 self.startup.add(wait, None, record, requested, received)

@@ -8,16 +8,20 @@ from .statistics import BASE_STAGES
 from .verdict import SCHEMA, stage_label
 
 
-def _table(header: Sequence[str], rows: List[Sequence], title: str) -> str:
+def text_table(header: Sequence[str],
+               rows: List[Sequence],
+               title: str,
+               left: Sequence[int] = (0, )) -> str:
+    """A plain-text table: numbers right-aligned, columns ``left`` not."""
     cells = [[str(c) for c in header]]
     cells += [[c if isinstance(c, str) else f'{c:.1f}' for c in row]
               for row in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
 
     def line(row):
-        first = row[0].ljust(widths[0])
-        rest = [c.rjust(w) for c, w in zip(row[1:], widths[1:])]
-        return '  '.join([first, *rest]).rstrip()
+        return '  '.join(
+            c.ljust(w) if i in left else c.rjust(w)
+            for i, (c, w) in enumerate(zip(row, widths))).rstrip()
 
     rule = '-' * len(line(cells[0]))
     return '\n'.join([title, line(cells[0]), rule, *map(line, cells[1:])])
@@ -53,9 +57,19 @@ def format_stage_table(rank: dict) -> str:
         s = rank[name]
         body.append(
             (f'{name} (training process)', s['mean'], s['p50'], s['p90'], ''))
-    return _table(('stage (ms per batch)', 'mean', 'p50', 'p90', 'share'),
+    return text_table(('stage (ms per batch)', 'mean', 'p50', 'p90', 'share'),
                   body, f"Where the data time goes (rank {rank['rank']}, "
                   f"{rank['steps']} steps; transforms: self time):")
+
+
+def format_throughput(rank: dict) -> str:
+    """Samples and batches per second over the counted steps."""
+    throughput = rank['throughput']
+    samples = throughput['samples_per_s']
+    return ('Throughput: ' +
+            (f'{samples:.1f} samples/s, ' if samples is not None else '') +
+            f"{throughput['batches_per_s']:.2f} batches/s (counted steps, "
+            'wall time)')
 
 
 def format_worker_table(rank: dict, title: str = '') -> str:
@@ -70,7 +84,7 @@ def format_worker_table(rank: dict, title: str = '') -> str:
                      stages['io'], stages['decode'], stages['transforms'],
                      stages['fetch'], stages['collate'], w['transfer'],
                      w['slack'], f"{100 * w['cpu_share']:.0f}%"))
-    return _table(
+    return text_table(
         ('worker', 'pid', 'batches', 'mean', 'p90', 'max', 'io', 'decode',
          'transforms', 'fetch', 'collate', 'transfer', 'slack', 'cpu'), rows,
         title or f"Per worker (rank {rank['rank']}, ms per batch):")
@@ -81,7 +95,7 @@ def format_rank_table(report: dict) -> str:
              f"{100 * r['wait_share']:.1f}%", r['wait']['mean'],
              r['compute']['mean'], r['worker']['mean'], str(r['steps']))
             for r in report['ranks']]
-    return _table(
+    return text_table(
         ('rank', 'host', 'waiting', 'wait', 'compute', 'worker', 'steps'),
         rows, 'Per rank (ms per step):')
 
@@ -114,6 +128,8 @@ def format_report(report: dict, rank: Optional[int] = None) -> str:
         'warm-up / after restarts, validation, checkpoints)'
     ]
     if rank['steps']:
+        if 'throughput' in rank:  # reports written before it was added
+            parts.append(format_throughput(rank))
         parts += [format_stage_table(rank), format_worker_table(rank)]
     if len(report['ranks']) > 1:
         parts.append(format_rank_table(report))

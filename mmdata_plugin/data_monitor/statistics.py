@@ -199,6 +199,9 @@ class StatsBook:
         # waited; scale compute to the counted steps for the share.
         if self.compute.seen:
             compute *= self.wait.seen / self.compute.seen
+        # A step's wait + compute is the time from the batch before it to
+        # its own: their sum is the wall time of the counted steps.
+        span = wait + compute
         refetched = sum(self.drops.values())
         return dict(
             steps=self.wait.seen,
@@ -209,7 +212,13 @@ class StatsBook:
             worker=self.worker.describe(),
             transfer=self.transfer.describe(),
             slack=self.slack.describe(),
-            wait_share=wait / (wait + compute) if wait + compute else 0.0,
+            wait_share=wait / span if span else 0.0,
+            # Samples are counted by the timed dataset fetch: None where
+            # the dataset could not be switched to its timed class.
+            throughput=dict(
+                batches_per_s=self.wait.seen / span if span else 0.0,
+                samples_per_s=(self.samples /
+                               span if span and self.samples else None)),
             cpu_share=(self.cpu / self.worker.total
                        if self.worker.total else None),
             stages={

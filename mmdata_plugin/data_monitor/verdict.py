@@ -107,9 +107,15 @@ def _stage_advice(key: str, rank: dict, context: dict) -> Optional[str]:
                 'shards), or add workers: IO-bound workers may outnumber '
                 'the cores.')
     if key == 'decode':
+        if any('LoadImageFromFileReduced' in k for k in rank['transforms']):
+            return (f'{head}, although JPEGs are decoded reduced: compare '
+                    'the decode backends on your files '
+                    '(tools/compare_decoders.py), add workers if cores are '
+                    'free, or store the images pre-resized.')
         return (f"{head}: try imdecode_backend='turbojpeg' (or 'pillow' "
                 'with pillow-simd) in LoadImageFromFile, decode at reduced '
-                'size, or store the images pre-resized.')
+                'size (ReducedDecodePipeline), or store the images '
+                'pre-resized.')
     if key == 'fetch':
         return (f'{head}: per-sample annotation parsing or '
                 'deserialisation in __getitem__; parse annotations once '

@@ -129,11 +129,33 @@ def reduced_size(width: int, height: int,
             -(-height * reduction.numerator // reduction.denominator))
 
 
-def choose_reduction(width: int, height: int, min_width: int,
+def divides_exactly(width: int, height: int, reduction: Fraction) -> bool:
+    """Whether a decode at ``reduction`` has both sides exactly scaled.
+
+    Then the decoded image is the full one scaled by a power of two, which
+    floating point represents exactly: every resize rule built from size
+    ratios (mmcv's ``rescale_size``, ``int(scale * h / w)`` ...) computes
+    bit for bit the output size it computes for the full image.
+    """
+    return (width * reduction).denominator == 1 and (
+        height * reduction).denominator == 1
+
+
+def choose_reduction(width: int,
+                     height: int,
+                     min_width: int,
                      min_height: int,
-                     reductions: Tuple[Fraction, ...]) -> Fraction:
-    """The smallest reduction whose image is at least the minimum size."""
+                     reductions: Tuple[Fraction, ...],
+                     exact_shapes: bool = False) -> Fraction:
+    """The smallest reduction whose image is at least the minimum size.
+
+    Args:
+        exact_shapes (bool): Only reductions that divide both sides
+            (:func:`divides_exactly`).
+    """
     for reduction in reductions:
+        if exact_shapes and not divides_exactly(width, height, reduction):
+            continue
         red_w, red_h = reduced_size(width, height, reduction)
         # Pillow's draft is asked for side // denominator pixels, which must
         # not be 0: keep both sides at least one pixel at every decoder.
@@ -146,7 +168,8 @@ def choose_reduction(width: int, height: int, min_width: int,
 def decode_image(content: bytes,
                  color_type: str = 'color',
                  backend: str = 'cv2',
-                 min_size: Optional[SizeRule] = None) -> DecodedImage:
+                 min_size: Optional[SizeRule] = None,
+                 exact_shapes: bool = False) -> DecodedImage:
     """Decode ``content``; JPEGs at the smallest scale ``min_size`` allows.
 
     Args:
@@ -157,6 +180,9 @@ def decode_image(content: bytes,
             :func:`mmcv.imfrombytes` backend (never reduces).
         min_size (callable, optional): Maps the full-size ``(w, h)`` to the
             smallest ``(w, h)`` the decode may return. None: full size.
+        exact_shapes (bool): Only use scales that divide both sides
+            (:func:`divides_exactly`); other sizes get the largest such
+            scale, or a full decode.
 
     Raises:
         ValueError: The bytes are not a decodable image, or a truncated
@@ -177,7 +203,8 @@ def decode_image(content: bytes,
     reduction = Fraction(1)
     if min_size is not None:
         reduction = choose_reduction(width, height, *min_size(width, height),
-                                     backend_reductions(backend))
+                                     backend_reductions(backend),
+                                     exact_shapes)
     img = _decode_jpeg(content, header, color_type, backend, reduction)
     expected_w, expected_h = reduced_size(width, height, reduction)
     if img.shape[:2] != (expected_h, expected_w):

@@ -30,7 +30,17 @@ class LoadImageFromFileReduced(BaseTransform):
     follows (mmcv's ``Resize``: copy them; ``RandomResize``: its largest
     scale times the top of ``ratio_range``). ``ReducedDecodePipeline`` does
     that for you and also keeps box, mask, keypoint and segmentation
-    annotations right.
+    annotations and ``scale_factor`` right.
+
+    By default (``exact_shapes=True``) a JPEG is only reduced by a scale
+    that divides both its sides (1/8 for 4K, 1080p and 720p frames), so
+    the resize that follows outputs exactly the shape it gives the full
+    image: the reduced image is the full one scaled by a power of two,
+    and every size rule of mmcv's, mmdet's and mmpretrain's resizes gives
+    bit for bit the same size for both. Other sizes are decoded at the
+    largest such scale or in full. The following resize still records
+    its ``scale_factor`` relative to the decoded image; where that
+    matters, use ``ReducedDecodePipeline``.
 
     Required keys: ``img_path``.
 
@@ -61,6 +71,13 @@ class LoadImageFromFileReduced(BaseTransform):
             frame before the resize and keeps ``scale_factor`` relative to
             the original image afterwards; ``ReducedDecodePipeline`` does
             both and sets this. Defaults to False.
+        exact_shapes (bool): Reduce a JPEG only by a scale that divides both
+            its sides. False also reduces other sizes (their reduced sides
+            are rounded up), and a following ``keep_ratio`` resize may then
+            output one pixel more or less on the side its scale does not
+            pin (``ReducedDecodePipeline(exact_shapes=False)`` computes the
+            resize's output size from the original image instead). Defaults
+            to True.
     """
 
     def __init__(self,
@@ -73,7 +90,8 @@ class LoadImageFromFileReduced(BaseTransform):
                  ignore_empty: bool = False,
                  *,
                  backend_args: Optional[dict] = None,
-                 allow_annotations: bool = False) -> None:
+                 allow_annotations: bool = False,
+                 exact_shapes: bool = True) -> None:
         self.scale = (scale, scale) if isinstance(scale, int) \
             else tuple(scale)
         if len(self.scale) != 2 or min(self.scale) <= 0:
@@ -97,6 +115,7 @@ class LoadImageFromFileReduced(BaseTransform):
         self.backend_args = None if backend_args is None \
             else backend_args.copy()
         self.allow_annotations = allow_annotations
+        self.exact_shapes = exact_shapes
 
     def min_decoded_size(self, width: int, height: int) -> Tuple[int, int]:
         """The ``(w, h)`` the following resize makes of a full image."""
@@ -119,7 +138,8 @@ class LoadImageFromFileReduced(BaseTransform):
             # that profilers can wrap the decode step.
             decoded = image_decoding.decode_image(content, self.color_type,
                                                   self.imdecode_backend,
-                                                  self.min_decoded_size)
+                                                  self.min_decoded_size,
+                                                  self.exact_shapes)
         except ValueError as error:
             if self.ignore_empty:
                 return None
@@ -165,4 +185,5 @@ class LoadImageFromFileReduced(BaseTransform):
         else:
             args += f'backend_args={self.backend_args}, '
         return (f'{self.__class__.__name__}({args}'
-                f'allow_annotations={self.allow_annotations})')
+                f'allow_annotations={self.allow_annotations}, '
+                f'exact_shapes={self.exact_shapes})')

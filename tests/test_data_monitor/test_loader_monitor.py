@@ -70,6 +70,24 @@ def test_steps_after_starts_pauses_and_skips_are_not_counted():
     monitor.uninstall()
 
 
+def test_a_benchmark_can_count_the_first_batch_of_later_epochs():
+    loader = DataLoader(list(range(6)), batch_size=2)  # 3 batches an epoch
+    for count_restarts, counted in ((False, 3), (True, 4)):
+        with DataLoaderMonitor(
+                loader,
+                warmup_iters=1,
+                settle_iters=0,
+                count_restarts=count_restarts) as monitor:
+            for _ in range(2):  # two epochs: start-up, warm-up, 4 more
+                list(loader)
+            assert monitor.counted_steps == counted
+            assert monitor.startup.wait.seen == 1 + (not count_restarts)
+            throughput = monitor.summary()['throughput']
+            assert throughput['batches_per_s'] > 0
+            # A plain list is not switched to a timed class: no fetch count.
+            assert throughput['samples_per_s'] is None
+
+
 def test_measure_dataloader_reports_and_restores_the_loader():
     dataset = SleepyDataset(num=24, io_ms=1, pipeline=sleepy_pipeline((1, 2)))
     loader = _loader(dataset, num_workers=2, collate_fn=SleepyCollate(1))

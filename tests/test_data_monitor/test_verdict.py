@@ -130,6 +130,28 @@ def test_decode_bound_run_names_decode_and_the_workers_needed():
         verdict['summary'])
 
 
+def test_decode_advice_knows_when_the_loader_already_decodes_reduced():
+    report = _report(
+        fake_rank(
+            wait=9.0,
+            compute=10.0,
+            stages={
+                'decode': 30.0,
+                '00_ReducedDecodePipeline.0_LoadImageFromFileReduced': 0.1
+            }))
+    advice = report['advice'][-1]['text']
+    assert 'although JPEGs are decoded reduced' in advice
+    assert 'compare_decoders' in advice and 'turbojpeg' not in advice
+
+
+def test_throughput_is_counted_steps_over_their_wall_time():
+    rank = fake_rank(wait=9.0, compute=11.0)  # 20 ms per step, 4 samples
+    assert rank['throughput']['batches_per_s'] == pytest.approx(50.0)
+    assert rank['throughput']['samples_per_s'] == pytest.approx(200.0)
+    assert 'Throughput: 200.0 samples/s, 50.00 batches/s' in format_report(
+        _report(rank))
+
+
 def test_worker_advice_depends_on_cores_and_cpu_use():
     cpu_bound = _report(
         fake_rank(wait=9.0, compute=10.0, cpus=2, stages={'decode': 37.0}))

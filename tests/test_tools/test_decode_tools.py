@@ -29,9 +29,9 @@ def test_compare_decoders_on_the_demo_config(train_env):
                       env=train_env).stdout
     assert ('compare_decoders: 12 of 64 files of the train dataset of '
             f'{DEMO_CONFIG} (12 JPEG, 0 other)') in out
-    # The decode size comes from the demo's own loader.
+    # The decode size comes from the demo's own (wrapped) resize.
     assert ('at least scale=(87, 4916), keep_ratio=True (from the pipeline '
-            'loader)') in out
+            'resize), exact_shapes=True') in out
     for variant in ('cv2', 'pillow', 'cv2 reduced', 'pillow reduced'):
         median_ms, mean_ms, p90_ms, speed = _table_row(out, variant)[:4]
         assert float(median_ms) > 0 and speed.endswith('x')
@@ -42,23 +42,31 @@ def test_compare_decoders_on_the_demo_config(train_env):
     assert float(_table_row(out, 'cv2 reduced', 'pixel difference')[2]) > 30
 
 
-def test_compare_decoders_reads_the_size_from_a_wrapped_pipeline(
+def test_compare_decoders_reads_size_and_mode_from_the_loader_or_wrapper(
         tmp_path, train_env):
     config = tmp_path / 'wrapped.py'
     config.write_text(
         f'_base_ = [{DEMO_CONFIG!r}]\n'
-        "_plain = [dict(type='LoadImageFromFile')] + "
-        '_base_.val_pipeline[1:]\n'
         'val_dataloader = dict(dataset=dict(pipeline=[dict('
-        "type='ReducedDecodePipeline', transforms=_plain)]))\n")
-    out = run_command([
-        sys.executable, COMPARE,
-        str(config), '--split', 'val', '--num-files', '4', '--repeats', '1'
-    ],
-                      env=train_env).stdout
-    assert '4 of 32 files of the val dataset' in out
-    assert ('at least scale=(72, 4096), keep_ratio=True (from the pipeline '
-            'resize)') in out
+        "type='ReducedDecodePipeline', exact_shapes=False, transforms=["
+        "dict(type='LoadImageFromFile'), dict(type='Resize', "
+        "scale=(72, 4096), keep_ratio=True)])]))\n"
+        "train_dataloader = dict(dataset=dict(pipeline=[dict(type="
+        "'LoadImageFromFileReduced', scale=(50, 60), keep_ratio=False)]))\n")
+    for split, expected in (
+        ('val', 'scale=(72, 4096), keep_ratio=True (from the pipeline '
+         'resize), exact_shapes=False'),
+        ('train', 'scale=(50, 60), keep_ratio=False (from the pipeline '
+         'loader), exact_shapes=True')):
+        out = run_command([
+            sys.executable, COMPARE,
+            str(config), '--split', split, '--num-files', '4', '--repeats',
+            '1'
+        ],
+                          env=train_env).stdout
+        assert f'4 of {dict(val=32, train=64)[split]} files of the {split}' \
+            in out
+        assert f'at least {expected}' in out
 
 
 def test_compare_decoders_on_a_folder_reports_broken_files(
@@ -82,6 +90,23 @@ def test_compare_decoders_on_a_folder_reports_broken_files(
     assert re.search(r'^cv2 reduced .* 1/4: 2, 1: 1$', out, re.MULTILINE)
     assert f'cv2 reduced failed on {folder / "broken.jpg"}: ' in out
     assert 'truncated JPEG' in out
+
+
+def test_benchmark_decode_compares_odd_frames_at_the_baseline_shape(
+        train_env):
+    """961x1929 to a 224 short side, reduced although 961 does not divide by
+    4: ours came out 449 px wide instead of 450 once, and the tool crashed.
+    (The default, exact_shapes=True, decodes it in full.)"""
+    out = run_command([
+        sys.executable, BENCHMARK, '--sizes', '961x1929', '--short-sides',
+        '224', '--images', '1', '--repeats', '1', '--backends', 'cv2',
+        '--no-exact-shapes'
+    ],
+                      env=train_env).stdout
+    assert 'ReducedDecodePipeline(exact_shapes=False)' in out
+    short, backend, *_, scale, psnr = _table_row(out, '961x1929')[:7]
+    assert (short, backend, scale) == ('224', 'cv2', '1/4')
+    assert float(psnr) > 28
 
 
 def test_benchmark_decode_prints_speedup_psnr_and_goal(train_env):

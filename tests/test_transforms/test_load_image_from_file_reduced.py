@@ -11,7 +11,8 @@ from mmcv.transforms import Compose
 from mmengine.fileio import BaseStorageBackend, register_backend
 from PIL import Image
 
-from mmdata_plugin.transforms import LoadImageFromFileReduced
+from mmdata_plugin.transforms import (LoadImageFromFileReduced,
+                                      ReducedDecodePipeline)
 from mmdata_plugin.transforms import image_decoding
 from mmdata_plugin.transforms.image_decoding import available_backends
 from mmdata_plugin.utils import (camera_like_image, encode_jpeg,
@@ -71,52 +72,64 @@ def images(tmp_path_factory):
     return paths
 
 
-def _pair(backend, color_type='color', scale=SHORT_SIDE, **resize_args):
-    """mmcv's load + resize, and the same with the reduced loader."""
+def _pipelines(backend, color_type='color', scale=SHORT_SIDE, **resize_args):
+    """mmcv's load + resize; the same with the reduced loader (its default
+    exact_shapes=True), and wrapped in ReducedDecodePipeline with
+    exact_shapes=False (every JPEG reduced, the resize pinned)."""
     resize = dict(type='Resize', scale=scale, keep_ratio=True, **resize_args)
     load = dict(color_type=color_type, imdecode_backend=backend)
-    return (Compose([dict(type='LoadImageFromFile', **load), resize]),
-            Compose([
-                dict(
-                    type='LoadImageFromFileReduced',
-                    scale=scale,
-                    keep_ratio=True,
-                    **load), resize
-            ]))
+    full = [dict(type='LoadImageFromFile', **load), resize]
+    return dict(
+        full=Compose(full),
+        loader=Compose([
+            dict(
+                type='LoadImageFromFileReduced',
+                scale=scale,
+                keep_ratio=True,
+                **load), resize
+        ]),
+        wrapper=ReducedDecodePipeline(full, exact_shapes=False))
 
 
 # mmcv's default bilinear resize aliases when it shrinks a full decode 10x
 # (720p to 72 px): the reduced decode (a block average) then differs from it
 # mostly by that aliasing. Area interpolation is alias-free at any ratio.
-@pytest.mark.parametrize('interpolation, short_side, min_psnr',
-                         [('bilinear', 224, 30), ('area', 72, 35)])
+# Where a side does not divide (odd.jpg, 1001x751, in the wrapper), the
+# content may also sit up to one output pixel off at the far edges.
+@pytest.mark.parametrize('interpolation, short_side, min_psnr, odd_psnr',
+                         [('bilinear', 224, 30, 30), ('area', 72, 35, 29)])
 @pytest.mark.parametrize('backend', available_backends())
 def test_output_matches_full_decode_plus_resize(images, backend,
                                                 interpolation, short_side,
-                                                min_psnr):
+                                                min_psnr, odd_psnr):
     if backend == 'turbojpeg':
         mmcv.use_backend('turbojpeg')  # mmcv's turbojpeg needs its global
         mmcv.use_backend('cv2')
-    full, reduced = _pair(
+    pipelines = _pipelines(
         backend, scale=(short_side, 4096), interpolation=interpolation)
+    full = pipelines.pop('full')
     for name in ('720p.jpg', 'odd.jpg', 'progressive.jpg'):
         expected = full(dict(img_path=images[name]))
-        got = reduced(dict(img_path=images[name]))
-        assert set(got) == set(expected)
-        assert got['img'].dtype == expected['img'].dtype == np.uint8
-        assert got['ori_shape'] == expected['ori_shape']
-        assert got['img_shape'] == got['img'].shape[:2]
-        if name == 'odd.jpg':
-            # 1001x751 is no multiple of 8: the reduced image is rounded up
-            # to whole pixels, so the side the resize does not pin may
-            # differ by one pixel.
-            assert got['img'].shape[0] == expected['img'].shape[0]
-            assert abs(got['img'].shape[1] - expected['img'].shape[1]) <= 1
-            continue
-        assert got['img'].shape == expected['img'].shape
-        assert got['img_shape'] == expected['img_shape']
-        assert pixel_difference(got['img'],
-                                expected['img']).psnr >= min_psnr, name
+        for kind, pipeline in pipelines.items():
+            got = pipeline(dict(img_path=images[name]))
+            where = (name, kind)
+            assert set(got) == set(expected), where
+            assert got['img'].dtype == expected['img'].dtype == np.uint8
+            assert got['ori_shape'] == expected['ori_shape'], where
+            assert got['img'].shape == expected['img'].shape, where
+            assert got['img_shape'] == expected['img_shape'], where
+            if kind == 'wrapper':
+                assert got['scale_factor'] == expected['scale_factor'], where
+            psnr = pixel_difference(got['img'], expected['img']).psnr
+            assert psnr >= (odd_psnr if where == ('odd.jpg', 'wrapper') else
+                            min_psnr), (where, psnr)
+    # Both paths reduce the 720p frame; only the wrapper reduces odd.jpg.
+    for name, kind, reduced in (('720p.jpg', 'loader', True),
+                                ('720p.jpg', 'wrapper', True),
+                                ('odd.jpg', 'loader', False),
+                                ('odd.jpg', 'wrapper', True)):
+        loaded = pipelines[kind].transforms[0](dict(img_path=images[name]))
+        assert (loaded['scale_factor'][0] < 1) == reduced, (name, kind)
 
 
 def test_decodes_at_smallest_scale_still_at_least_the_target(images):
@@ -136,6 +149,18 @@ def test_decodes_at_smallest_scale_still_at_least_the_target(images):
         assert results['img_shape'] == shape
         assert results['ori_shape'] == (720, 1280)
         assert results['scale_factor'] == (1 / reduction, 1 / reduction)
+
+
+def test_exact_shapes_reduce_only_by_scales_dividing_both_sides():
+    choose = image_decoding.choose_reduction
+    scales = image_decoding.backend_reductions('cv2')
+    assert choose(1920, 1080, 200, 100, scales, exact_shapes=True) == Fraction(
+        1, 8)
+    # 750 / 4 and 750 / 8 are not whole: 1/2 is the smallest exact scale.
+    assert choose(1000, 750, 100, 70, scales, exact_shapes=True) == Fraction(
+        1, 2)
+    assert choose(1000, 750, 100, 70, scales) == Fraction(1, 8)  # 125x94
+    assert choose(1001, 751, 10, 10, scales, exact_shapes=True) == 1
 
 
 @pytest.mark.skipif(

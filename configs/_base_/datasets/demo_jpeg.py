@@ -6,29 +6,41 @@ crop_size = 64
 metainfo = dict(classes=('circle', 'square', 'triangle', 'ring', 'cross',
                          'diamond', 'horizontal bar', 'vertical bar'))
 
-# LoadImageFromFileReduced is LoadImageFromFile that decodes each JPEG at
-# the smallest DCT scale (1/2, 1/4, 1/8) still at least as large as what the
-# resize after it outputs: the 720p/1080p frames are decoded at 1/8, not in
-# full (docs/reduced_decoding.md). Its scale/keep_ratio are the resize's
-# largest output: here RandomResize's scale times the top of ratio_range.
+# The pipelines are mmcv's usual ones, wrapped in ReducedDecodePipeline: it
+# swaps LoadImageFromFile for LoadImageFromFileReduced, which decodes each
+# JPEG at the smallest DCT scale (1/2, 1/4, 1/8) still at least as large as
+# the largest output of the resize after it (here RandomResize's scale times
+# the top of its ratio_range), so the 720p/1080p frames are decoded at 1/8,
+# not in full. Output shapes and scale factors are those of the unwrapped
+# pipeline (docs/reduced_decoding.md). Change the resize freely: the decode
+# size follows it.
 train_pipeline = [
-    dict(type='LoadImageFromFileReduced', scale=(87, 4916), keep_ratio=True),
-    # Short side to ~72 px (mmcv's idiom: a huge long-side bound), jittered.
     dict(
-        type='RandomResize',
-        scale=(72, 4096),
-        ratio_range=(0.9, 1.2),
-        keep_ratio=True),
-    dict(type='RandomImageCrop', crop_size=crop_size),
-    dict(type='RandomFlip', prob=0.5, direction='horizontal'),
-    dict(type='PackImageLabelInputs'),
+        type='ReducedDecodePipeline',
+        transforms=[
+            dict(type='LoadImageFromFile'),
+            # Short side to ~72 px (mmcv's idiom: a huge long-side bound),
+            # jittered.
+            dict(
+                type='RandomResize',
+                scale=(72, 4096),
+                ratio_range=(0.9, 1.2),
+                keep_ratio=True),
+            dict(type='RandomImageCrop', crop_size=crop_size),
+            dict(type='RandomFlip', prob=0.5, direction='horizontal'),
+            dict(type='PackImageLabelInputs'),
+        ])
 ]
 
 val_pipeline = [
-    dict(type='LoadImageFromFileReduced', scale=(72, 4096), keep_ratio=True),
-    dict(type='Resize', scale=(72, 4096), keep_ratio=True),
-    dict(type='CenterCrop', crop_size=crop_size),
-    dict(type='PackImageLabelInputs'),
+    dict(
+        type='ReducedDecodePipeline',
+        transforms=[
+            dict(type='LoadImageFromFile'),
+            dict(type='Resize', scale=(72, 4096), keep_ratio=True),
+            dict(type='CenterCrop', crop_size=crop_size),
+            dict(type='PackImageLabelInputs'),
+        ])
 ]
 
 # RankShardedDataset reads the list in place (a byte-offset index built once
