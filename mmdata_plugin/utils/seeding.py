@@ -13,15 +13,19 @@ from typing import Iterator
 import numpy as np
 import torch
 
-_MASK64 = (1 << 64) - 1
+MASK64 = (1 << 64) - 1
 
 
-def _splitmix64(value: int) -> int:
-    # Steele et al.'s SplitMix64 finaliser: every input bit affects every
-    # output bit, so nearby positions get unrelated seeds.
-    value = (value + 0x9E3779B97F4A7C15) & _MASK64
-    value = ((value ^ (value >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    value = ((value ^ (value >> 27)) * 0x94D049BB133111EB) & _MASK64
+def splitmix64(value: int) -> int:
+    """One step of Steele et al.'s SplitMix64 (increment and finaliser).
+
+    Every input bit affects every output bit, so nearby positions get
+    unrelated outputs. Shared by the per-sample seeds and the keys of
+    :class:`~mmdata_plugin.datasets.IndexPermutation`.
+    """
+    value = (value + 0x9E3779B97F4A7C15) & MASK64
+    value = ((value ^ (value >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    value = ((value ^ (value >> 27)) * 0x94D049BB133111EB) & MASK64
     return value ^ (value >> 31)
 
 
@@ -41,7 +45,7 @@ def mix_seed(*values: int) -> int:
     """
     state = 0
     for value in values:
-        state = _splitmix64(state ^ (int(value) & _MASK64))
+        state = splitmix64(state ^ (int(value) & MASK64))
     return state
 
 
