@@ -7,20 +7,11 @@ from mmengine.logging import print_log
 from torch.utils.data import DataLoader, IterableDataset
 
 from ...datasets.sample_seeded_dataset import SampleSeededDataset
+from ...utils.dataloader_slots import rebind_dataloader_attribute
 from .data_position import (FORMAT_VERSION, SAMPLE_LEVEL_STRATEGIES,
                             DataPosition, DataPositionError, check_compatible)
 from .resumable_batch_sampler import (STRATEGY_DESCRIPTIONS,
                                       ResumableBatchSampler)
-
-
-def _replace_loader_attribute(dataloader: DataLoader, name: str,
-                              value) -> None:
-    # DataLoader refuses to rebind `dataset` and `batch_sampler` after its
-    # __init__ because live iterators read them once per `iter()`. The loops
-    # do it before any iterator exists, and rebuilding the DataLoader instead
-    # would lose its `batch_size` (read by auto_scale_lr) and every other
-    # argument. This is the only place that bypasses the guard.
-    object.__setattr__(dataloader, name, value)
 
 
 class ResumeReport(NamedTuple):
@@ -73,8 +64,10 @@ class DataStreamResumer:
             return
         if seed_per_sample and not isinstance(dataloader.dataset,
                                               SampleSeededDataset):
-            _replace_loader_attribute(dataloader, 'dataset',
-                                      SampleSeededDataset(dataloader.dataset))
+            # No DataLoader iterator exists yet (the loops create theirs
+            # lazily), so nothing reads the old pieces afterwards.
+            rebind_dataloader_attribute(
+                dataloader, 'dataset', SampleSeededDataset(dataloader.dataset))
         self.position = DataPosition(None)
         self.batch_sampler = ResumableBatchSampler(
             dataloader.batch_sampler, self.position, seed, seed_per_sample)
@@ -82,8 +75,8 @@ class DataStreamResumer:
             self.position.samples_per_batch = (
                 self.batch_sampler.batch_size *
                 self.batch_sampler.world_size)
-        _replace_loader_attribute(dataloader, 'batch_sampler',
-                                  self.batch_sampler)
+        rebind_dataloader_attribute(dataloader, 'batch_sampler',
+                                    self.batch_sampler)
 
     @property
     def strategy(self) -> str:
