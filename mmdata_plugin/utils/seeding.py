@@ -68,12 +68,28 @@ def seed_global_rngs(seed: int, all_devices: bool = False) -> None:
         torch.default_generator.manual_seed(seed)
 
 
+def global_rng_states() -> tuple:
+    """The CPU states of ``random``, ``numpy.random`` and torch."""
+    return (random.getstate(), np.random.get_state(),
+            torch.default_generator.get_state())
+
+
+def same_global_rng_states(first: tuple, second: tuple) -> bool:
+    """Whether two :func:`global_rng_states` are equal."""
+    (py_a, np_a, torch_a), (py_b, np_b, torch_b) = first, second
+    # numpy's state is (name, key array, pos, has_gauss, cached_gaussian).
+    # torch's is compared as bytes: a torch op here could start torch's
+    # intra-op thread pool in the main process, and DataLoader workers
+    # forked after that hang at exit.
+    return (py_a == py_b and np_a[0] == np_b[0]
+            and np.array_equal(np_a[1], np_b[1]) and np_a[2:] == np_b[2:]
+            and torch_a.numpy().tobytes() == torch_b.numpy().tobytes())
+
+
 @contextlib.contextmanager
 def preserved_global_rngs() -> Iterator[None]:
     """Restore the CPU states of ``random``, ``numpy`` and torch on exit."""
-    py_state = random.getstate()
-    np_state = np.random.get_state()
-    torch_state = torch.default_generator.get_state()
+    py_state, np_state, torch_state = global_rng_states()
     try:
         yield
     finally:

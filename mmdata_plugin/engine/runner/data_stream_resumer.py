@@ -12,6 +12,7 @@ from .data_position import (FORMAT_VERSION, SAMPLE_LEVEL_STRATEGIES,
                             DataPosition, DataPositionError, check_compatible)
 from .resumable_batch_sampler import (STRATEGY_DESCRIPTIONS,
                                       ResumableBatchSampler)
+from .stream_settings import dataloader_stream_settings
 
 
 class ResumeReport(NamedTuple):
@@ -77,6 +78,9 @@ class DataStreamResumer:
                 self.batch_sampler.world_size)
         rebind_dataloader_attribute(dataloader, 'batch_sampler',
                                     self.batch_sampler)
+        # A setting checkpoints cannot store fails here, not at the first
+        # checkpoint hours later.
+        self.facts()
 
     @property
     def strategy(self) -> str:
@@ -109,6 +113,8 @@ class DataStreamResumer:
             dataset_size=len(dataset) if hasattr(dataset, '__len__') else
             None,
             shuffle=getattr(sampler, 'shuffle', None),
+            stream_settings=dataloader_stream_settings(
+                sampler, batch_sampler),
             world_size=world_size,
             batch_size=getattr(batch_sampler, 'batch_size', None))
 
@@ -240,11 +246,13 @@ class DataStreamResumer:
         consumed = iteration * per_batch
         if epoch is not None:
             batches = self._batches_into_epoch(iteration, epoch)
-        elif self.strategy == 'infinite':
-            epoch, batches = 0, iteration
         elif self.strategy == 'load_and_drop':
             return None
-        elif self.strategy == 'default':
+        elif self.batch_sampler.infinite:
+            epoch, batches = 0, iteration
+        elif self.batch_sampler.infinite is False:
+            # mmengine's infinite iterator restarts the DataLoader (and
+            # sets the next epoch) after len(dataloader) batches.
             epoch, batches = divmod(iteration, len(self.dataloader))
         else:
             # Whether the sampler ever ends an epoch is unknown: replay it.
