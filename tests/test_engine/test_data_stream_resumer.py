@@ -25,6 +25,7 @@ from mmdata_plugin.datasets import (RankShardedInfiniteSampler,
                                     RankShardedSampler, SampleSeededDataset)
 from mmdata_plugin.engine.runner import (DataPositionError, DataStreamResumer,
                                          ResumableDataloaderIterator)
+from mmdata_plugin.engine.runner.data_stream_resumer import describe
 from mmdata_plugin.utils import SampleIndex
 
 BATCH = 4
@@ -317,43 +318,58 @@ def test_sampler_seed_comes_from_the_checkpoint():
     assert rest == reference[3:]
 
 
+def stock_loop_indices(sampler, batches):
+    """The indices of ``batches`` batches of mmengine's IterBasedTrainLoop
+    (its infinite iterator restarts the DataLoader at each epoch end)."""
+    from mmengine.runner.loops import _InfiniteDataloaderIterator
+    with mock.patch('time.sleep'):
+        stock = _InfiniteDataloaderIterator(make_loader(sampler, seed=3))
+        return [[index for index, _ in next(stock)] for _ in range(batches)]
+
+
+def indices_of(batches):
+    return [[index for index, _ in batch] for _, batch in batches]
+
+
 @pytest.mark.parametrize('sampler', ['infinite', 'default'])
 def test_stock_checkpoint_resumes_where_the_stock_loop_was(sampler):
-    from mmengine.runner.loops import _InfiniteDataloaderIterator
-    stock_loader = make_loader(sampler, seed=3)
-    with mock.patch('time.sleep'):
-        stock = _InfiniteDataloaderIterator(stock_loader)
-        stock_indices = [[index for index, _ in next(stock)]
-                         for _ in range(14)]
     rest, _, _ = read(
         make_loader(sampler, seed=99, num_workers=2), 6,
         dict(seed=3), iteration=8)
-    assert [[index for index, _ in batch] for _, batch in rest] == \
-        stock_indices[8:]
+    assert indices_of(rest) == stock_loop_indices(sampler, 14)[8:]
 
 
 @pytest.mark.parametrize('sampler', ['rank_sharded_infinite', 'rank_sharded'])
 def test_stock_checkpoint_positions_fast_forward_samplers_directly(sampler):
     """Infinite or per-epoch (``sampler.infinite``): no index replay."""
-    from mmengine.runner.loops import _InfiniteDataloaderIterator
-    stock_loader = make_loader(sampler, seed=3)
-    with mock.patch('time.sleep'):
-        stock = _InfiniteDataloaderIterator(stock_loader)
-        stock_indices = [[index for index, _ in next(stock)]
-                         for _ in range(14)]
     loader = make_loader(sampler, seed=99, num_workers=2)
-    sampler = loader.batch_sampler.sampler
+    positioned = loader.batch_sampler.sampler
     with mock.patch.object(
-            sampler, 'fast_forward',
-            wraps=sampler.fast_forward) as fast_forward:
+            positioned, 'fast_forward',
+            wraps=positioned.fast_forward) as fast_forward:
         rest, _, _ = read(loader, 6, dict(seed=3), iteration=8)
-    assert [[index for index, _ in batch] for _, batch in rest] == \
-        stock_indices[8:]
+    assert indices_of(rest) == stock_loop_indices(sampler, 14)[8:]
     # 23 samples, batch 4: 6 batches per epoch, so iteration 8 is batch 2
     # of epoch 1 for the epoch sampler.
-    offset = 8 * BATCH if sampler.infinite else 2 * BATCH
+    offset = 8 * BATCH if positioned.infinite else 2 * BATCH
     assert fast_forward.call_args_list[0] == mock.call(offset)
-    assert rest[0][0] == (0 if sampler.infinite else 1)  # epoch
+    assert rest[0][0] == (0 if positioned.infinite else 1)  # epoch
+
+
+def test_stock_checkpoint_of_an_undeclared_sampler_is_replayed_and_said():
+    """FastForwardSampler does not say whether it is infinite."""
+    reference, _, _ = read(make_loader('fast_forward', seed=3), 8)
+    loader = make_loader('fast_forward', seed=99)
+    resumer = DataStreamResumer(loader, seed=0)
+    resumer.load_checkpoint_meta(dict(seed=3))
+    report = resumer.resume(5)
+    assert report.strategy == 'stream_replay'
+    assert 'by index-only replay of the stream from its start' in describe(
+        report)
+    iterator = ResumableDataloaderIterator(
+        loader, resumer.position, epoch_transition_sleep=0)
+    assert [[i for i, _ in next(iterator)] for _ in range(3)] == \
+        indices_of(reference[5:])
 
 
 @pytest.mark.parametrize('sampler', ['infinite', 'default'])

@@ -16,7 +16,12 @@ from .stream_settings import dataloader_stream_settings
 
 
 class ResumeReport(NamedTuple):
-    """What :meth:`DataStreamResumer.resume` did, for the log line."""
+    """What :meth:`DataStreamResumer.resume` did, for the log line.
+
+    ``strategy`` is how the position was reached: the resumer's strategy,
+    or ``'stream_replay'`` when a stock checkpoint's position had to be
+    found by replaying the stream's indices from the start.
+    """
     skipped_batches: int
     skipped_samples: Optional[int]
     epoch: int
@@ -157,7 +162,7 @@ class DataStreamResumer:
         else:
             target = self._from_stock_checkpoint(iteration, epoch,
                                                  diff_rank_seed)
-        drop = 0
+        strategy, drop = self.strategy, 0
         if self.batch_sampler is None:
             # Nothing to position: the loop loads and drops from the start
             # of the stream (iteration-based) or of the epoch.
@@ -165,6 +170,10 @@ class DataStreamResumer:
             self.position.move_to(iteration - drop, epoch or 0, 0)
         elif target is not None:
             self._move_to(*target)
+        else:
+            # A stock checkpoint, and a sampler that does not say whether
+            # it ends: its stream was replayed from the start.
+            strategy = 'stream_replay'
         position = self.position
         if epoch is None:
             skipped = (iteration, position.consumed_samples)
@@ -174,7 +183,7 @@ class DataStreamResumer:
             skipped = (skipped[0], None)
         return ResumeReport(*skipped, position.epoch,
                             position.batches_in_epoch,
-                            position.samples_in_epoch, self.strategy,
+                            position.samples_in_epoch, strategy,
                             time.perf_counter() - start, drop)
 
     def _move_to(self, iteration: int, epoch: int, batches: int,

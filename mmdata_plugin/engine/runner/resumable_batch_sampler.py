@@ -35,6 +35,9 @@ STRATEGY_DESCRIPTIONS = dict(
     fast_forward='the sampler\'s fast_forward()',
     sampler_replay='index-only replay of the sampler',
     batch_replay='index-only replay of the batch sampler',
+    stream_replay='index-only replay of the stream from its start (the '
+    'checkpoint has no data position and the sampler does not say whether '
+    'it is infinite)',
     load_and_drop='loading and dropping batches (stock behaviour)')
 
 
