@@ -29,6 +29,7 @@ from torch.utils.data import DataLoader
 # started iterators that install() has to restart (see _restart_started).
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
+from ..utils.dataloader_slots import rebind_dataloader_attribute
 from .instrument import LoaderInstrumentation
 from .statistics import StatsBook
 from .verdict import build_report
@@ -223,8 +224,8 @@ class DataLoaderMonitor:
         self.instrumentation.install()
         self._base_class = type(loader)
         loader._data_monitor = self
-        object.__setattr__(loader, '__class__',
-                           _monitored_loader_class(self._base_class))
+        rebind_dataloader_attribute(loader, '__class__',
+                                    _monitored_loader_class(self._base_class))
         self._restart_started(loop)
         return self
 
@@ -236,7 +237,7 @@ class DataLoaderMonitor:
         if getattr(loader, '_iterator', None) is not None:
             _shutdown(loader._iterator)
             loader._iterator = None
-        object.__setattr__(loader, '__class__', self._base_class)
+        rebind_dataloader_attribute(loader, '__class__', self._base_class)
         del loader._data_monitor
         self._base_class = None
         self.instrumentation.uninstall()

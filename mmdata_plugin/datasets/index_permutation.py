@@ -13,14 +13,7 @@ class-histogram chi-square test on class-sorted files, two visibly fail it
 """
 import numpy as np
 
-_MASK64 = (1 << 64) - 1
-
-
-def _splitmix64(value: int) -> int:
-    value = (value + 0x9E3779B97F4A7C15) & _MASK64
-    value = ((value ^ (value >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    value = ((value ^ (value >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return value ^ (value >> 31)
+from ..utils.seeding import MASK64, splitmix64
 
 
 def _mix(values: np.ndarray) -> np.ndarray:
@@ -48,10 +41,10 @@ class IndexPermutation:
         half_bits = max(1, (max(n - 1, 1).bit_length() + 1) // 2)
         self._half_bits = np.uint64(half_bits)
         self._half_mask = np.uint64((1 << half_bits) - 1)
-        key = _splitmix64(_splitmix64(seed & _MASK64) ^ (epoch & _MASK64))
+        key = splitmix64(splitmix64(seed & MASK64) ^ (epoch & MASK64))
         self._round_keys = []
         for _ in range(rounds):
-            key = _splitmix64(key)
+            key = splitmix64(key)
             self._round_keys.append(np.uint64(key))
 
     def _feistel(self, values: np.ndarray) -> np.ndarray:

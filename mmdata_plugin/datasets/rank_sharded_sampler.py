@@ -161,6 +161,13 @@ class RankShardedSampler(_RankStream):
         rounds (int): Feistel rounds of the permutation (>= 4). Default: 6.
     """
 
+    #: Fast-resume protocol: each (mini-)epoch ends; the position of a
+    #: stock checkpoint is ``divmod(iteration, len(dataloader))``.
+    infinite = False
+    #: Fast-resume protocol: with the seed and the dataset size, what
+    #: defines the stream; a resume with other values is refused.
+    stream_defining_attrs = ('shuffle', 'mini_epochs', 'round_up', 'rounds')
+
     def __init__(self,
                  dataset: Sized,
                  shuffle: bool = True,
@@ -220,6 +227,12 @@ class RankShardedInfiniteSampler(_RankStream):
             Default: 1.
         rounds (int): Feistel rounds of the permutation (>= 4). Default: 6.
     """
+
+    #: Fast-resume protocol: one endless stream; the position of a stock
+    #: checkpoint is ``iteration * batch_size * world_size``.
+    infinite = True
+    #: Fast-resume protocol (``mini_epochs`` only sizes shard files).
+    stream_defining_attrs = ('shuffle', 'rounds')
 
     def set_epoch(self, epoch: int) -> None:
         """Ignored: the infinite stream has no epochs."""

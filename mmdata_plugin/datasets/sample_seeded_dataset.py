@@ -26,8 +26,9 @@ class SampleSeededDataset:
 
     The wrapper owns only ``dataset``: every other attribute, read or
     written (``metainfo``, ``pipeline``, ``full_init`` ...), is the wrapped
-    dataset's, and the index is passed on unchanged (its ``shard`` field
-    included).
+    dataset's. The wrapped dataset gets a plain ``int`` index, except for an
+    index with a ``shard`` field (rank-sharded samplers with shard files),
+    which is passed on unchanged for the dataset to read that file.
 
     Args:
         dataset (Dataset | dict): The dataset to wrap, or its config.
@@ -48,6 +49,11 @@ class SampleSeededDataset:
 
     def __getitem__(self, index):
         seed = getattr(index, 'seed', None)
+        if getattr(index, 'shard', None) is None:
+            # Datasets store the index they get (mmengine's BaseDataset puts
+            # it in data_info['sample_idx']); a plain int keeps data samples
+            # free of a class that weights_only loading refuses.
+            index = int(index)
         if seed is None:
             return self.dataset[index]
         if get_worker_info() is not None:

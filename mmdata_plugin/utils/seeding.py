@@ -13,15 +13,19 @@ from typing import Iterator
 import numpy as np
 import torch
 
-_MASK64 = (1 << 64) - 1
+MASK64 = (1 << 64) - 1
 
 
-def _splitmix64(value: int) -> int:
-    # Steele et al.'s SplitMix64 finaliser: every input bit affects every
-    # output bit, so nearby positions get unrelated seeds.
-    value = (value + 0x9E3779B97F4A7C15) & _MASK64
-    value = ((value ^ (value >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    value = ((value ^ (value >> 27)) * 0x94D049BB133111EB) & _MASK64
+def splitmix64(value: int) -> int:
+    """One step of Steele et al.'s SplitMix64 (increment and finaliser).
+
+    Every input bit affects every output bit, so nearby positions get
+    unrelated outputs. Shared by the per-sample seeds and the keys of
+    :class:`~mmdata_plugin.datasets.IndexPermutation`.
+    """
+    value = (value + 0x9E3779B97F4A7C15) & MASK64
+    value = ((value ^ (value >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    value = ((value ^ (value >> 27)) * 0x94D049BB133111EB) & MASK64
     return value ^ (value >> 31)
 
 
@@ -41,7 +45,7 @@ def mix_seed(*values: int) -> int:
     """
     state = 0
     for value in values:
-        state = _splitmix64(state ^ (int(value) & _MASK64))
+        state = splitmix64(state ^ (int(value) & MASK64))
     return state
 
 
@@ -64,12 +68,28 @@ def seed_global_rngs(seed: int, all_devices: bool = False) -> None:
         torch.default_generator.manual_seed(seed)
 
 
+def global_rng_states() -> tuple:
+    """The CPU states of ``random``, ``numpy.random`` and torch."""
+    return (random.getstate(), np.random.get_state(),
+            torch.default_generator.get_state())
+
+
+def same_global_rng_states(first: tuple, second: tuple) -> bool:
+    """Whether two :func:`global_rng_states` are equal."""
+    (py_a, np_a, torch_a), (py_b, np_b, torch_b) = first, second
+    # numpy's state is (name, key array, pos, has_gauss, cached_gaussian).
+    # torch's is compared as bytes: a torch op here could start torch's
+    # intra-op thread pool in the main process, and DataLoader workers
+    # forked after that hang at exit.
+    return (py_a == py_b and np_a[0] == np_b[0]
+            and np.array_equal(np_a[1], np_b[1]) and np_a[2:] == np_b[2:]
+            and torch_a.numpy().tobytes() == torch_b.numpy().tobytes())
+
+
 @contextlib.contextmanager
 def preserved_global_rngs() -> Iterator[None]:
     """Restore the CPU states of ``random``, ``numpy`` and torch on exit."""
-    py_state = random.getstate()
-    np_state = np.random.get_state()
-    torch_state = torch.default_generator.get_state()
+    py_state, np_state, torch_state = global_rng_states()
     try:
         yield
     finally:

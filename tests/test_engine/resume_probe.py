@@ -36,7 +36,6 @@ class ResumeProbeHook(Hook):
             rank=get_rank(),
             world_size=get_world_size(),
             index=[int(s.sample_idx) for s in samples],
-            seed=[getattr(s.sample_idx, 'seed', None) for s in samples],
             digest=[
                 hashlib.sha1(img.numpy().tobytes()).hexdigest()
                 for img in data_batch['inputs']

@@ -6,10 +6,12 @@ interruption and once interrupted after N batches and resumed from the
 saved (plain-data) position in a fresh DataLoader, then compares indices
 and augmented values bitwise.
 """
+import gc
 import itertools
 import math
 import multiprocessing
 import random
+import weakref
 from unittest import mock
 
 import numpy as np
@@ -17,11 +19,13 @@ import pytest
 import torch
 from mmengine.dataset import DefaultSampler, InfiniteSampler
 from torch.utils.data import (DataLoader, Dataset, DistributedSampler,
-                              IterableDataset)
+                              IterableDataset, RandomSampler)
 
-from mmdata_plugin.datasets import SampleSeededDataset
+from mmdata_plugin.datasets import (RankShardedInfiniteSampler,
+                                    RankShardedSampler, SampleSeededDataset)
 from mmdata_plugin.engine.runner import (DataPositionError, DataStreamResumer,
                                          ResumableDataloaderIterator)
+from mmdata_plugin.engine.runner.data_stream_resumer import describe
 from mmdata_plugin.utils import SampleIndex
 
 BATCH = 4
@@ -119,16 +123,30 @@ def make_loader(sampler='infinite',
                 seed=3,
                 drop_last=False,
                 bucketed=False,
-                in_order=True):
+                in_order=True,
+                **sampler_options):
     dataset = RandomAugDataset(size)
     with mock.patch('mmengine.dataset.sampler.get_dist_info',
-                    return_value=(rank, world_size)):
+                    return_value=(rank, world_size)), mock.patch(
+                        'mmdata_plugin.datasets.rank_sharded_sampler.'
+                        'get_dist_info',
+                        return_value=(rank, world_size)):
         if sampler == 'infinite':
             sampler = InfiniteSampler(dataset, shuffle=shuffle, seed=seed)
         elif sampler == 'default':
-            sampler = DefaultSampler(dataset, shuffle=shuffle, seed=seed)
+            sampler = DefaultSampler(
+                dataset, shuffle=shuffle, seed=seed, **sampler_options)
         elif sampler == 'fast_forward':
             sampler = FastForwardSampler(dataset, seed, rank, world_size)
+        elif sampler == 'rank_sharded':
+            sampler = RankShardedSampler(
+                dataset, shuffle=shuffle, seed=seed, **sampler_options)
+        elif sampler == 'rank_sharded_infinite':
+            sampler = RankShardedInfiniteSampler(
+                dataset, shuffle=shuffle, seed=seed, **sampler_options)
+        elif sampler == 'random':
+            # No generator: draws its order from torch's global one.
+            sampler = RandomSampler(dataset)
         else:
             sampler = DistributedSampler(
                 dataset, world_size, rank, shuffle=shuffle, seed=seed)
@@ -300,19 +318,58 @@ def test_sampler_seed_comes_from_the_checkpoint():
     assert rest == reference[3:]
 
 
+def stock_loop_indices(sampler, batches):
+    """The indices of ``batches`` batches of mmengine's IterBasedTrainLoop
+    (its infinite iterator restarts the DataLoader at each epoch end)."""
+    from mmengine.runner.loops import _InfiniteDataloaderIterator
+    with mock.patch('time.sleep'):
+        stock = _InfiniteDataloaderIterator(make_loader(sampler, seed=3))
+        return [[index for index, _ in next(stock)] for _ in range(batches)]
+
+
+def indices_of(batches):
+    return [[index for index, _ in batch] for _, batch in batches]
+
+
 @pytest.mark.parametrize('sampler', ['infinite', 'default'])
 def test_stock_checkpoint_resumes_where_the_stock_loop_was(sampler):
-    from mmengine.runner.loops import _InfiniteDataloaderIterator
-    stock_loader = make_loader(sampler, seed=3)
-    with mock.patch('time.sleep'):
-        stock = _InfiniteDataloaderIterator(stock_loader)
-        stock_indices = [[index for index, _ in next(stock)]
-                         for _ in range(14)]
     rest, _, _ = read(
         make_loader(sampler, seed=99, num_workers=2), 6,
         dict(seed=3), iteration=8)
-    assert [[index for index, _ in batch] for _, batch in rest] == \
-        stock_indices[8:]
+    assert indices_of(rest) == stock_loop_indices(sampler, 14)[8:]
+
+
+@pytest.mark.parametrize('sampler', ['rank_sharded_infinite', 'rank_sharded'])
+def test_stock_checkpoint_positions_fast_forward_samplers_directly(sampler):
+    """Infinite or per-epoch (``sampler.infinite``): no index replay."""
+    loader = make_loader(sampler, seed=99, num_workers=2)
+    positioned = loader.batch_sampler.sampler
+    with mock.patch.object(
+            positioned, 'fast_forward',
+            wraps=positioned.fast_forward) as fast_forward:
+        rest, _, _ = read(loader, 6, dict(seed=3), iteration=8)
+    assert indices_of(rest) == stock_loop_indices(sampler, 14)[8:]
+    # 23 samples, batch 4: 6 batches per epoch, so iteration 8 is batch 2
+    # of epoch 1 for the epoch sampler.
+    offset = 8 * BATCH if positioned.infinite else 2 * BATCH
+    assert fast_forward.call_args_list[0] == mock.call(offset)
+    assert rest[0][0] == (0 if positioned.infinite else 1)  # epoch
+
+
+def test_stock_checkpoint_of_an_undeclared_sampler_is_replayed_and_said():
+    """FastForwardSampler does not say whether it is infinite."""
+    reference, _, _ = read(make_loader('fast_forward', seed=3), 8)
+    loader = make_loader('fast_forward', seed=99)
+    resumer = DataStreamResumer(loader, seed=0)
+    resumer.load_checkpoint_meta(dict(seed=3))
+    report = resumer.resume(5)
+    assert report.strategy == 'stream_replay'
+    assert 'by index-only replay of the stream from its start' in describe(
+        report)
+    iterator = ResumableDataloaderIterator(
+        loader, resumer.position, epoch_transition_sleep=0)
+    assert [[i for i, _ in next(iterator)] for _ in range(3)] == \
+        indices_of(reference[5:])
 
 
 @pytest.mark.parametrize('sampler', ['infinite', 'default'])
@@ -364,6 +421,86 @@ def test_other_samplers_are_replayed_on_indices():
     assert resumed.dataset.fetches.value <= (4 + 4) * BATCH
 
 
+def under_torch_seed(seed, make):
+    """``make()`` with torch's global generator seeded ``seed`` first, as
+    other main-process work leaves it in another state in each run."""
+
+    def made():
+        torch.manual_seed(seed)
+        return make()
+
+    return made
+
+
+@pytest.mark.parametrize('bucketed', [False, True])
+def test_samplers_drawing_from_the_global_rng_replay_their_order(bucketed):
+    """torch's RandomSampler without a generator draws each pass's order
+    from the global generator; every pass starts under a seeded state."""
+
+    def loader(num_workers=0):
+        return make_loader(
+            'random', bucketed=bucketed, num_workers=num_workers)
+
+    reference, _, _ = under_torch_seed(1, lambda: read(loader(), 14))()
+    # 8 batches: past the end of the first pass (6 batches, or fewer
+    # bucketed), so a whole pass is replayed and the next one entered.
+    part, rest, _ = interrupted_and_resumed(
+        under_torch_seed(2, loader), under_torch_seed(3, lambda: loader(2)),
+        8, 6)
+    assert part == reference[:8]
+    assert rest == reference[8:]
+
+
+def test_a_finished_pass_is_freed_at_once():
+    """Its workers stop when the pass ends, not when the garbage collector
+    finds a reference cycle (which takes seconds per worker)."""
+    loader = make_loader('random', num_workers=2, prefetch=1)
+    resumer = DataStreamResumer(loader, seed=0)
+    iterator = ResumableDataloaderIterator(
+        loader, resumer.position, epoch_transition_sleep=0)
+    resumer.resume(0)
+    gc.disable()
+    try:
+        next(iterator)
+        first_pass = weakref.ref(iterator._iterator)
+        for _ in range(6):  # 6 batches per pass
+            next(iterator)
+        assert resumer.position.epoch == 1
+        assert first_pass() is None
+    finally:
+        gc.enable()
+
+
+class GlobalRngEachIndexSampler:
+    """Draws every index from Python's global ``random``."""
+
+    def __init__(self, size):
+        self.size = size
+
+    def __iter__(self):
+        for _ in range(self.size):
+            yield random.randrange(self.size)
+
+    def __len__(self):
+        return self.size
+
+
+def test_sampler_drawing_for_every_index_is_warned_about():
+    dataset = RandomAugDataset()
+    loader = DataLoader(
+        dataset,
+        batch_size=BATCH,
+        sampler=GlobalRngEachIndexSampler(len(dataset)),
+        collate_fn=list)
+    with mock.patch(
+            'mmdata_plugin.engine.runner.resumable_batch_sampler.print_log'
+    ) as log:
+        read(loader, 7)
+    warnings = [c for c in log.call_args_list if 'GlobalRngEachIndexSampler '
+                'draws from the global random generators' in c.args[0]]
+    assert len(warnings) == 1  # once, though two passes started
+
+
 @pytest.mark.parametrize('change,message', [
     (dict(size=24), 'dataset_size is 23 in the checkpoint but 24 in this run'),
     (dict(sampler='default'),
@@ -376,6 +513,38 @@ def test_contradicting_data_state_is_refused(change, message):
         read(make_loader(**change), 1, dict(data_position=state),
              iteration=3)
     assert message in str(error.value)
+
+
+@pytest.mark.parametrize('sampler,before,after,key', [
+    ('rank_sharded', dict(mini_epochs=2), dict(mini_epochs=3),
+     'sampler.mini_epochs'),
+    ('rank_sharded', dict(rounds=6), dict(rounds=8), 'sampler.rounds'),
+    ('rank_sharded', dict(round_up=True), dict(round_up=False),
+     'sampler.round_up'),
+    ('rank_sharded_infinite', dict(rounds=6), dict(rounds=8),
+     'sampler.rounds'),
+    ('default', dict(round_up=True), dict(round_up=False),
+     'sampler.round_up'),
+    ('default', dict(drop_last=False), dict(drop_last=True), 'drop_last'),
+])
+def test_changed_stream_settings_are_refused(sampler, before, after, key):
+    _, state, _ = read(make_loader(sampler, **before), 3)
+    with pytest.raises(DataPositionError) as error:
+        read(make_loader(sampler, **after), 1, dict(data_position=state),
+             iteration=3)
+    (name, old), = before.items()
+    new = after[name]
+    assert (f'train_dataloader.{key} is {old!r} in the checkpoint but '
+            f'{new!r} in this run') in str(error.value)
+
+
+def test_settings_that_do_not_change_the_stream_may_change():
+    # mini_epochs only sizes the infinite sampler's shard files.
+    reference, _, _ = read(make_loader('rank_sharded_infinite'), 10)
+    _, rest, _ = interrupted_and_resumed(
+        lambda: make_loader('rank_sharded_infinite', mini_epochs=2),
+        lambda: make_loader('rank_sharded_infinite', mini_epochs=3), 4, 6)
+    assert rest == reference[4:]
 
 
 def test_position_and_meta_iteration_must_agree():

@@ -100,6 +100,7 @@ def check_compatible(saved: dict, current: dict) -> None:
                 f'{_mismatch(key, saved, current)} ({where}). The saved '
                 'position only means something for the same sampler over '
                 'the same dataset.')
+    _check_stream_settings(saved, current)
     if current['strategy'] in SAMPLE_LEVEL_STRATEGIES:
         return
     for key in ('world_size', 'batch_size'):
@@ -113,3 +114,20 @@ def check_compatible(saved: dict, current: dict) -> None:
                 f'same {key}, or use a sampler the loop can position by '
                 'global sample count (InfiniteSampler, DefaultSampler, or one '
                 'with fast_forward()) under a plain batch sampler.')
+
+
+def _check_stream_settings(saved: dict, current: dict) -> None:
+    # Checkpoints written before the settings were recorded lack them.
+    before = saved.get('stream_settings')
+    if before is None:
+        return
+    now = current['stream_settings']
+    for key in sorted(set(before) | set(now)):
+        if before.get(key) != now.get(key):
+            raise DataPositionError(
+                'The checkpoint\'s data position cannot be resumed: '
+                f'train_dataloader.{key} is {before.get(key)!r} in the '
+                f'checkpoint but {now.get(key)!r} in this run. It defines '
+                'the sample stream, so the saved position would continue a '
+                f'different stream; resume with train_dataloader.{key}='
+                f'{before.get(key)!r}.')

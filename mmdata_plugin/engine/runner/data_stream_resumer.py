@@ -7,24 +7,21 @@ from mmengine.logging import print_log
 from torch.utils.data import DataLoader, IterableDataset
 
 from ...datasets.sample_seeded_dataset import SampleSeededDataset
+from ...utils.dataloader_slots import rebind_dataloader_attribute
 from .data_position import (FORMAT_VERSION, SAMPLE_LEVEL_STRATEGIES,
                             DataPosition, DataPositionError, check_compatible)
 from .resumable_batch_sampler import (STRATEGY_DESCRIPTIONS,
                                       ResumableBatchSampler)
-
-
-def _replace_loader_attribute(dataloader: DataLoader, name: str,
-                              value) -> None:
-    # DataLoader refuses to rebind `dataset` and `batch_sampler` after its
-    # __init__ because live iterators read them once per `iter()`. The loops
-    # do it before any iterator exists, and rebuilding the DataLoader instead
-    # would lose its `batch_size` (read by auto_scale_lr) and every other
-    # argument. This is the only place that bypasses the guard.
-    object.__setattr__(dataloader, name, value)
+from .stream_settings import dataloader_stream_settings
 
 
 class ResumeReport(NamedTuple):
-    """What :meth:`DataStreamResumer.resume` did, for the log line."""
+    """What :meth:`DataStreamResumer.resume` did, for the log line.
+
+    ``strategy`` is how the position was reached: the resumer's strategy,
+    or ``'stream_replay'`` when a stock checkpoint's position had to be
+    found by replaying the stream's indices from the start.
+    """
     skipped_batches: int
     skipped_samples: Optional[int]
     epoch: int
@@ -73,8 +70,10 @@ class DataStreamResumer:
             return
         if seed_per_sample and not isinstance(dataloader.dataset,
                                               SampleSeededDataset):
-            _replace_loader_attribute(dataloader, 'dataset',
-                                      SampleSeededDataset(dataloader.dataset))
+            # No DataLoader iterator exists yet (the loops create theirs
+            # lazily), so nothing reads the old pieces afterwards.
+            rebind_dataloader_attribute(
+                dataloader, 'dataset', SampleSeededDataset(dataloader.dataset))
         self.position = DataPosition(None)
         self.batch_sampler = ResumableBatchSampler(
             dataloader.batch_sampler, self.position, seed, seed_per_sample)
@@ -82,8 +81,11 @@ class DataStreamResumer:
             self.position.samples_per_batch = (
                 self.batch_sampler.batch_size *
                 self.batch_sampler.world_size)
-        _replace_loader_attribute(dataloader, 'batch_sampler',
-                                  self.batch_sampler)
+        rebind_dataloader_attribute(dataloader, 'batch_sampler',
+                                    self.batch_sampler)
+        # A setting checkpoints cannot store fails here, not at the first
+        # checkpoint hours later.
+        self.facts()
 
     @property
     def strategy(self) -> str:
@@ -116,6 +118,8 @@ class DataStreamResumer:
             dataset_size=len(dataset) if hasattr(dataset, '__len__') else
             None,
             shuffle=getattr(sampler, 'shuffle', None),
+            stream_settings=dataloader_stream_settings(
+                sampler, batch_sampler),
             world_size=world_size,
             batch_size=getattr(batch_sampler, 'batch_size', None))
 
@@ -158,7 +162,7 @@ class DataStreamResumer:
         else:
             target = self._from_stock_checkpoint(iteration, epoch,
                                                  diff_rank_seed)
-        drop = 0
+        strategy, drop = self.strategy, 0
         if self.batch_sampler is None:
             # Nothing to position: the loop loads and drops from the start
             # of the stream (iteration-based) or of the epoch.
@@ -166,6 +170,10 @@ class DataStreamResumer:
             self.position.move_to(iteration - drop, epoch or 0, 0)
         elif target is not None:
             self._move_to(*target)
+        else:
+            # A stock checkpoint, and a sampler that does not say whether
+            # it ends: its stream was replayed from the start.
+            strategy = 'stream_replay'
         position = self.position
         if epoch is None:
             skipped = (iteration, position.consumed_samples)
@@ -175,7 +183,7 @@ class DataStreamResumer:
             skipped = (skipped[0], None)
         return ResumeReport(*skipped, position.epoch,
                             position.batches_in_epoch,
-                            position.samples_in_epoch, self.strategy,
+                            position.samples_in_epoch, strategy,
                             time.perf_counter() - start, drop)
 
     def _move_to(self, iteration: int, epoch: int, batches: int,
@@ -247,11 +255,13 @@ class DataStreamResumer:
         consumed = iteration * per_batch
         if epoch is not None:
             batches = self._batches_into_epoch(iteration, epoch)
-        elif self.strategy == 'infinite':
-            epoch, batches = 0, iteration
         elif self.strategy == 'load_and_drop':
             return None
-        elif self.strategy == 'default':
+        elif self.batch_sampler.infinite:
+            epoch, batches = 0, iteration
+        elif self.batch_sampler.infinite is False:
+            # mmengine's infinite iterator restarts the DataLoader (and
+            # sets the next epoch) after len(dataloader) batches.
             epoch, batches = divmod(iteration, len(self.dataloader))
         else:
             # Whether the sampler ever ends an epoch is unknown: replay it.

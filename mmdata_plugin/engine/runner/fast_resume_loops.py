@@ -1,7 +1,7 @@
 """Train loops that resume in O(1) and replay the data stream exactly."""
 import itertools
 import logging
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from mmengine.dist import get_rank
 from mmengine.logging import print_log
@@ -293,7 +293,7 @@ class FastResumeEpochBasedTrainLoop(_FastResumeMixin, EpochBasedTrainLoop):
         return position.batches_in_epoch + drop, drop
 
     def _epoch_batches(self, first: int,
-                       drop: int) -> Sequence[Tuple[int, Sequence[dict]]]:
+                       drop: int) -> Iterator[Tuple[int, Sequence[dict]]]:
         position = self.data_resumer.position
         iterator = new_dataloader_iterator(self.dataloader)
         for _ in range(drop):

@@ -1,15 +1,32 @@
 """A stand-in for the DataLoader's batch sampler that can start anywhere."""
 import itertools
+import logging
 from typing import Iterable, Iterator, List, Optional, Tuple
 
 from mmengine.dataset import DefaultSampler, InfiniteSampler
 from mmengine.dist import get_dist_info
-from torch.utils.data import BatchSampler
+from mmengine.logging import print_log
+from torch.utils.data import (BatchSampler, DistributedSampler, RandomSampler,
+                              SequentialSampler, SubsetRandomSampler,
+                              WeightedRandomSampler)
 
 from ...utils.sample_index import SampleIndex, with_fields
-from ...utils.seeding import mix_seed
+from ...utils.seeding import (global_rng_states, mix_seed,
+                              preserved_global_rngs, same_global_rng_states,
+                              seed_global_rngs)
 from .data_position import DataPosition
 from .index_streams import default_sampler_stream, infinite_sampler_stream
+
+# Label of the global RNG state a foreign sampler starts each pass under.
+# Sample seeds start with an epoch (>= 0) and the loops' per-iteration seeds
+# with -1, so the families never meet.
+_SAMPLER_PASS_STREAM = -2
+
+# torch's samplers end each pass after len(sampler) indices; they cannot
+# declare `infinite = False` themselves.
+_PER_EPOCH_TORCH_SAMPLERS = (DistributedSampler, RandomSampler,
+                             SequentialSampler, SubsetRandomSampler,
+                             WeightedRandomSampler)
 
 #: How each strategy positions the stream, for log lines.
 STRATEGY_DESCRIPTIONS = dict(
@@ -18,6 +35,9 @@ STRATEGY_DESCRIPTIONS = dict(
     fast_forward='the sampler\'s fast_forward()',
     sampler_replay='index-only replay of the sampler',
     batch_replay='index-only replay of the batch sampler',
+    stream_replay='index-only replay of the stream from its start (the '
+    'checkpoint has no data position and the sampler does not say whether '
+    'it is infinite)',
     load_and_drop='loading and dropping batches (stock behaviour)')
 
 
@@ -100,6 +120,7 @@ class ResumableBatchSampler:
         self.world_size = getattr(sampler, 'world_size', world_size)
         self._pending: Optional[Iterator[list]] = None
         self._infinite_next = 0
+        self._warned_rng_draws = False
 
     def __getattr__(self, name: str):
         if name == 'batch_sampler':
@@ -114,6 +135,28 @@ class ResumableBatchSampler:
         if batches is None:
             batches = self._pass(self.position.epoch, 0, 0)
         yield from batches
+
+    @property
+    def infinite(self) -> Optional[bool]:
+        """Whether the sampler's stream never ends; None when unknown.
+
+        mmengine's samplers are known; others tell with an ``infinite``
+        attribute (part of the fast-forward protocol), torch's own samplers
+        end every pass. Custom batch samplers are never trusted with it: how
+        many batches their pass has is only known by running it.
+        """
+        if self.strategy == 'infinite':
+            return True
+        if self.strategy == 'default':
+            return False
+        if self.strategy == 'batch_replay':
+            return None
+        declared = getattr(self.sampler, 'infinite', None)
+        if declared is not None:
+            return bool(declared)
+        if isinstance(self.sampler, _PER_EPOCH_TORCH_SAMPLERS):
+            return False
+        return None
 
     def set_seed(self, seed: int) -> None:
         """Use ``seed`` for the sampler's order and the per-sample seeds."""
@@ -181,14 +224,52 @@ class ResumableBatchSampler:
         elif self.strategy == 'fast_forward':
             self._set_epoch(epoch)
             self.sampler.fast_forward(samples)
-            pairs = self._label(iter(self.sampler), samples)
+            pairs = self._label(self._start_pass(self.sampler, epoch),
+                                samples)
         else:
             self._set_epoch(epoch)
-            indices = iter(self.sampler)
+            indices = self._start_pass(self.sampler, epoch)
             skip = batches * self.batch_sampler.batch_size
             next(itertools.islice(indices, skip, skip), None)
             pairs = self._label(indices, skip * self.world_size)
         return self._batched(pairs, epoch)
+
+    def _start_pass(self, iterable, epoch: int) -> Iterator:
+        """``iter(iterable)``, its pass started under a seeded RNG state.
+
+        Samplers without a generator of their own (torch's ``RandomSampler``
+        ...) draw their order from the global RNGs when a pass starts. The
+        uninterrupted run starts a pass when the DataLoader first asks for
+        it, a resumed run when it replays it; both therefore start it under
+        the global state seeded from ``(seed, epoch)``, and the main
+        process's states are left as they were. A sampler that keeps drawing
+        from the global RNGs while it iterates cannot be replayed: warned.
+        """
+        with preserved_global_rngs():
+            seed_global_rngs(
+                mix_seed(self.seed, _SAMPLER_PASS_STREAM, epoch))
+            iterator = iter(iterable)
+            head = list(itertools.islice(iterator, 1))
+            after_first = global_rng_states()
+            head += itertools.islice(iterator, 1)
+            if len(head) == 2 and not same_global_rng_states(
+                    after_first, global_rng_states()):
+                self._warn_rng_draws(iterable)
+        return itertools.chain(head, iterator)
+
+    def _warn_rng_draws(self, iterable) -> None:
+        if self._warned_rng_draws:
+            return
+        self._warned_rng_draws = True
+        print_log(
+            f'Fast resume: {type(iterable).__name__} draws from the global '
+            'random generators (random, numpy.random or torch) for every '
+            'index, not only when a pass starts, so the order of its '
+            'indices depends on when the DataLoader asks for them and a '
+            'resumed run cannot replay it. Give the sampler a generator of '
+            'its own, seeded from its seed and epoch.',
+            logger='current',
+            level=logging.WARNING)
 
     def _label(self, indices: Iterable[int], start: int):
         # A sampler we cannot see into: label its i-th index with the global
@@ -224,7 +305,7 @@ class ResumableBatchSampler:
 
     def _replayed_batches(self, epoch: int, skip: int) -> Iterator[list]:
         self._set_epoch(epoch)
-        batches = iter(self.batch_sampler)
+        batches = self._start_pass(self.batch_sampler, epoch)
         next(itertools.islice(batches, skip, skip), None)
         return self._tag_batches(batches, epoch, skip)
 

@@ -23,6 +23,9 @@ def new_dataloader_iterator(dataloader: DataLoader):
         return iter(dataloader)
 
 
+_END_OF_PASS = object()
+
+
 class ResumableDataloaderIterator:
     """Endless batches from a DataLoader, restarting it at each epoch end.
 
@@ -61,9 +64,14 @@ class ResumableDataloaderIterator:
     def __next__(self) -> Sequence[dict]:
         if self._iterator is None:
             self._iterator = new_dataloader_iterator(self._dataloader)
-        try:
-            data = next(self._iterator)
-        except StopIteration:
+        # Not `except StopIteration`: the next pass must not start while an
+        # exception is handled. Code that catches one inside the sampler's
+        # generator (numpy's seeding does) can leave the generator holding
+        # the handled exception, whose traceback holds this frame and the
+        # DataLoader iterator: a cycle, and worker processes that only
+        # stop when the garbage collector finds it.
+        data = next(self._iterator, _END_OF_PASS)
+        if data is _END_OF_PASS:
             print_log(
                 'Reach the end of the dataloader, it will be restarted and '
                 'continue to iterate. It is recommended to use '
