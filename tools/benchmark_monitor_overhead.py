@@ -12,6 +12,7 @@ from mmengine.utils.dl_utils import set_multi_processing
 
 import mmdata_plugin  # noqa: F401  (registers the demo components)
 from mmdata_plugin.data_monitor import DataLoaderMonitor
+from mmdata_plugin.data_monitor.instrument import LoaderInstrumentation
 from mmdata_plugin.utils import make_demo_dataset
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
@@ -39,6 +40,11 @@ def parse_args():
         '--batches', type=int, default=15, help='timed batches per chunk')
     parser.add_argument(
         '--warmup', type=int, default=10, help='untimed batches per loader')
+    parser.add_argument(
+        '--fetch-rounds',
+        type=int,
+        default=40,
+        help='rounds of the in-process per-sample measurement (0: skip)')
     parser.add_argument(
         '--cfg-options',
         nargs='+',
@@ -68,6 +74,46 @@ def worker_cpu(iterator) -> Optional[float]:
         total += (int(fields[11]) + int(fields[12])) / os.sysconf(
             'SC_CLK_TCK')
     return total
+
+
+def fetch_cost(loader_cfg, rounds: int, per_round: int = 100) -> None:
+    """Per-sample cost of the worker-side timing, in this process.
+
+    Wall time of ``dataset[i]`` with and without the instrumentation (the
+    timed fetch, every transform, the IO/decode probes), in alternating
+    passes over the same indices: far steadier than loader throughput, and
+    the share it prints is what the monitor costs each worker.
+    """
+    loader_cfg = loader_cfg.copy()
+    loader_cfg.update(num_workers=0, persistent_workers=False)
+    loader_cfg.pop('prefetch_factor', None)
+    loader = Runner.build_dataloader(loader_cfg, seed=0)
+    dataset = loader.dataset
+    instrumentation = LoaderInstrumentation(loader)
+    size = len(dataset)
+
+    def per_sample(start: int) -> float:
+        began = time.perf_counter()
+        for index in range(start, start + per_round):
+            dataset[index % size]
+        return (time.perf_counter() - began) / per_round
+
+    times: Dict[str, List[float]] = {m: [] for m in MODES}
+    for round_index in range(rounds):
+        start = round_index * per_round
+        times['plain'].append(per_sample(start))
+        instrumentation.install()
+        try:
+            times['monitored'].append(per_sample(start))
+        finally:
+            instrumentation.uninstall()
+    plain, monitored = (statistics.median(times[m]) for m in MODES)
+    print(f'per sample in one process ({rounds} alternating passes of '
+          f'{per_round}): plain {1e6 * plain:.1f} us, monitored '
+          f'{1e6 * monitored:.1f} us; the timing costs '
+          f'{1e6 * (monitored - plain):.1f} us = '
+          f'{100 * (monitored - plain) / plain:.2f}% of a sample, ratio '
+          f'plain/monitored {plain / monitored:.3f}')
 
 
 def main():
@@ -134,6 +180,8 @@ def main():
         print('CPU per sample (workers + training process): ' + ', '.join(
             f'{m} {1e3 * per_sample[m]:.3f} ms' for m in MODES) +
               f'; ratio plain/monitored {cpu_ratio:.3f}')
+    if args.fetch_rounds:
+        fetch_cost(loader_cfg, args.fetch_rounds)
 
 
 if __name__ == '__main__':

@@ -39,11 +39,12 @@ def test_analyze_rerenders_tables_and_plot(tmp_path, train_env):
 def test_overhead_benchmark_prints_the_median_ratio(demo_root, train_env):
     out = run_command([
         sys.executable, BENCHMARK, '--data-root', demo_root, '--rounds', '1',
-        '--batches', '3', '--warmup', '1', '--cfg-options',
-        'train_dataloader.batch_size=4'
+        '--batches', '3', '--warmup', '1', '--fetch-rounds', '2',
+        '--cfg-options', 'train_dataloader.batch_size=4'
     ],
                       env=train_env).stdout
     assert 'batch_size=4, num_workers=2; 1 rounds' in out
     assert 'round  1: plain' in out
     assert 'median ratio monitored/plain, samples per second: ' in out
     assert 'CPU per sample (workers + training process): plain' in out
+    assert 'per sample in one process (2 alternating passes of 100)' in out
