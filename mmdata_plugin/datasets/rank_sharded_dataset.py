@@ -35,7 +35,8 @@ class RankShardedDataset(BaseDataset):
     workers. The dataset is global (``len`` is N on every rank): pair it with
     :class:`RankShardedSampler` / :class:`RankShardedInfiniteSampler`, which
     split the ranks in O(1) memory. mmengine's ``DefaultSampler`` and
-    ``InfiniteSampler`` stay correct with it, but hold O(N) lists per rank.
+    ``InfiniteSampler`` stay correct with it, but hold O(N) lists per rank
+    (the fast-resume loops warn about that pairing).
 
     Annotation formats:
 

@@ -185,3 +185,30 @@ def test_a_seed_set_after_build_takes_effect(monkeypatch):
     sampler.seed = 2  # e.g. re-applied from a checkpoint on resume
     (other, ) = _ranks(RankShardedSampler, 100, 1, monkeypatch, seed=2)
     assert list(sampler) == list(other) != first
+
+
+def test_stock_sampler_pairing_is_warned_with_the_sampler_to_use(tmp_path):
+    from mmengine.dataset import InfiniteSampler
+    from torch.utils.data import DataLoader
+
+    from mmdata_plugin.datasets import RankShardedDataset, SampleSeededDataset
+    ann = tmp_path / 'ann.txt'
+    ann.write_text(''.join(f'{i}.jpg {i % 3}\n' for i in range(10)))
+    dataset = RankShardedDataset(ann_file=str(ann))
+
+    def advice(sampler, dataset=dataset):
+        return sampler_module.stock_sampler_advice(
+            DataLoader(dataset, batch_size=2, sampler=sampler))
+
+    message = advice(DefaultSampler(dataset, seed=0))
+    assert "mmengine's DefaultSampler" in message
+    assert "sampler=dict(type='RankShardedSampler'" in message
+    assert "type='RankShardedInfiniteSampler'" in advice(
+        InfiniteSampler(dataset, seed=0))
+    # The fast-resume loops wrap the dataset; the check looks through it.
+    wrapped = SampleSeededDataset(dataset)
+    assert 'RankShardedSampler' in advice(
+        DefaultSampler(wrapped, seed=0), wrapped)
+    assert advice(RankShardedSampler(dataset, seed=0)) is None
+    assert advice(RankShardedInfiniteSampler(dataset, seed=0)) is None
+    assert advice(DefaultSampler(range(10), seed=0), range(10)) is None

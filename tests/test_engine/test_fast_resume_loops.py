@@ -187,3 +187,25 @@ def test_hook_is_registered_once_and_bound(tmp_path):
     hooks = [h for h in runner.hooks if isinstance(h, FastResumeHook)]
     assert len(hooks) == 1 and hooks[0].loop is loop
     assert loop.dataloader_iterator.started is False
+
+
+def test_a_rank_sharded_dataset_with_a_stock_sampler_is_warned(
+        tmp_path, monkeypatch):
+    from mmdata_plugin.engine.runner import fast_resume_loops
+    ann = tmp_path / 'ann.txt'
+    ann.write_text(''.join(f'{i}.jpg 0\n' for i in range(8)))
+    given = []
+    real_advice = fast_resume_loops.stock_sampler_advice
+    monkeypatch.setattr(fast_resume_loops, 'stock_sampler_advice',
+                        lambda loader: given.append(real_advice(loader)))
+    for sampler in ('InfiniteSampler', 'RankShardedInfiniteSampler'):
+        work_dir = tmp_path / sampler
+        work_dir.mkdir()
+        make_runner(
+            work_dir,
+            dict(type=ITER_LOOP, max_iters=2),
+            sampler=sampler,
+            dataset=dict(type='RankShardedDataset',
+                         ann_file=str(ann))).train_loop
+    assert "type='RankShardedInfiniteSampler'" in given[0]
+    assert given[1] is None

@@ -11,6 +11,7 @@ from mmengine.runner.base_loop import BaseLoop
 from mmengine.runner.utils import calc_dynamic_intervals
 from torch.utils.data import DataLoader
 
+from ...datasets.rank_sharded_sampler import stock_sampler_advice
 from ...utils.seeding import mix_seed, seed_global_rngs
 from ..hooks.fast_resume_hook import FastResumeHook
 from .data_stream_resumer import DataStreamResumer, describe
@@ -37,6 +38,7 @@ class _FastResumeMixin:
         self.seed_per_iter = seed_per_iter
         # What the last resume did (None for a fresh start), for monitors.
         self.resume_report = None
+        stock_sampler_advice(self.dataloader)
         self.data_resumer = DataStreamResumer(self.dataloader,
                                               _base_seed(self.runner),
                                               seed_per_sample)
