@@ -5,10 +5,10 @@ import copy
 import os
 import sys
 import time
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
-from mmengine.config import Config, DictAction
-from mmengine.registry import DATASETS, init_default_scope
+from mmengine.config import Config, ConfigDict
+from mmengine.registry import DATASETS
 from mmengine.runner import Runner, set_random_seed
 from mmengine.utils import ProgressBar
 from mmengine.utils.dl_utils import set_multi_processing
@@ -19,6 +19,8 @@ from mmdata_plugin.data_monitor import (DataLoaderMonitor, format_stage_table,
                                         save_report, summarize_runs)
 from mmdata_plugin.data_monitor.report import select_rank
 from mmdata_plugin.data_monitor.worker_sweep import TOLERANCE, bottleneck_text
+from mmdata_plugin.utils.tool_config import (add_dataloader_arguments,
+                                             load_dataloader_config)
 
 
 def parse_args():
@@ -29,11 +31,7 @@ def parse_args():
         "DataMonitorHook's DataLoaderMonitor. With several worker counts, "
         'compare them and recommend the smallest within 5% of the best.')
     parser.add_argument('config', help='config file')
-    parser.add_argument(
-        '--split',
-        choices=['train', 'val', 'test'],
-        default='train',
-        help='which dataloader of the config (train)')
+    add_dataloader_arguments(parser)
     parser.add_argument(
         '--num-batches',
         type=int,
@@ -63,11 +61,6 @@ def parse_args():
         "training step's time). Default 0: the loader is read flat out")
     parser.add_argument(
         '--out', help='write the rows and every run\'s report to this JSON')
-    parser.add_argument(
-        '--cfg-options',
-        nargs='+',
-        action=DictAction,
-        help='override settings of the config, key=value pairs')
     args = parser.parse_args()
     if args.num_batches < 1 or args.warmup < 0 or args.repeats < 1:
         parser.error('--num-batches and --repeats must be >= 1, --warmup '
@@ -82,18 +75,15 @@ def parse_args():
     return args
 
 
-def load_config(args) -> Config:
-    """The config as the Runner would see it: custom imports (done by
-    ``Config.fromfile``), overrides, default scope, multi-processing."""
-    cfg = Config.fromfile(args.config)
-    if args.cfg_options:
-        cfg.merge_from_dict(args.cfg_options)
-    if cfg.get('default_scope'):
-        init_default_scope(cfg.default_scope)
+def load_config(args) -> Tuple[Config, ConfigDict]:
+    """The config as the Runner would see it (multi-processing settings
+    included) and the dataloader to measure."""
+    cfg, loader_cfg = load_dataloader_config(args.config, args.split,
+                                             args.cfg_options)
     # Runner.setup_env: start method, one OpenCV/OpenMP thread per worker.
     set_multi_processing(
         **cfg.get('env_cfg', {}).get('mp_cfg', {}), distributed=False)
-    return cfg
+    return cfg, loader_cfg
 
 
 def build_dataset(loader_cfg):
@@ -216,11 +206,7 @@ def print_breakdown(row: dict, args) -> None:
 
 def main():
     args = parse_args()
-    cfg = load_config(args)
-    key = f'{args.split}_dataloader'
-    if not cfg.get(key):
-        raise SystemExit(f'{args.config} has no {key}')
-    loader_cfg = cfg[key]
+    cfg, loader_cfg = load_config(args)
     randomness = dict(cfg.get('randomness') or {})
     if randomness.get('seed') is None:
         randomness['seed'] = 0  # every run reads the same samples

@@ -14,8 +14,7 @@ import cv2
 import mmcv
 import mmengine.fileio as fileio
 import numpy as np
-from mmengine.config import Config, DictAction
-from mmengine.registry import DATASETS, init_default_scope
+from mmengine.registry import DATASETS
 
 import mmdata_plugin  # noqa: F401  (registers the package's components)
 from mmdata_plugin.transforms import (LoadImageFromFileReduced,
@@ -28,6 +27,8 @@ from mmdata_plugin.transforms.image_decoding import (DECODE_BACKENDS,
                                                      decode_image)
 from mmdata_plugin.transforms.jpeg_header import is_jpeg
 from mmdata_plugin.utils import pixel_difference
+from mmdata_plugin.utils.tool_config import (add_dataloader_arguments,
+                                             load_dataloader_config)
 
 IMAGE_EXTENSIONS = ('.jpg', '.jpeg', '.png', '.bmp', '.webp', '.tif',
                     '.tiff')
@@ -46,11 +47,6 @@ def parse_args():
     parser.add_argument(
         '--num-files', type=int, default=50, help='files to decode (50)')
     parser.add_argument(
-        '--split',
-        choices=['train', 'val', 'test'],
-        default='train',
-        help='which dataloader of the config (train)')
-    parser.add_argument(
         '--short-side',
         type=int,
         help='reduced variants decode at least this short side; default: '
@@ -68,11 +64,7 @@ def parse_args():
         'default); default: as the config\'s loader or wrapper')
     parser.add_argument(
         '--seed', type=int, default=0, help='seed of the file sample')
-    parser.add_argument(
-        '--cfg-options',
-        nargs='+',
-        action=DictAction,
-        help='override settings of the config, key=value pairs')
+    add_dataloader_arguments(parser)
     return parser.parse_args()
 
 
@@ -112,20 +104,14 @@ def find_pipeline(dataset_cfg: dict) -> Optional[list]:
 
 
 def files_from_config(args) -> Tuple[List[str], Optional[list], str]:
-    cfg = Config.fromfile(args.source)
-    if args.cfg_options:
-        cfg.merge_from_dict(args.cfg_options)
-    if cfg.get('default_scope'):
-        init_default_scope(cfg.default_scope)
-    key = f'{args.split}_dataloader'
-    if not cfg.get(key):
-        raise SystemExit(f'{args.source} has no {key}')
-    dataset = DATASETS.build(cfg[key].dataset)
+    _, dataloader_cfg = load_dataloader_config(args.source, args.split,
+                                               args.cfg_options)
+    dataset = DATASETS.build(dataloader_cfg.dataset)
     indices = sample(range(len(dataset)), args.num_files, args.seed)
     paths = [dataset.get_data_info(i)['img_path'] for i in indices]
     where = (f'{len(paths)} of {len(dataset)} files of the {args.split} '
              f'dataset of {args.source}')
-    return paths, find_pipeline(cfg[key].dataset), where
+    return paths, find_pipeline(dataloader_cfg.dataset), where
 
 
 def loader_cfg(pipeline: Optional[list]) -> dict:
