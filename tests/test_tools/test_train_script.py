@@ -6,6 +6,7 @@ import sys
 import pytest
 import torch
 from helpers import DEMO_CONFIG, TRAIN_SCRIPT, quick_cfg_options
+from hostile_checkpoints import write_hostile_checkpoint
 from mmengine.logging import HistoryBuffer
 
 from mmdata_plugin.testing import ProcessFailed, run_command, run_torchrun
@@ -73,6 +74,19 @@ def test_stock_checkpoint_refused_unless_trusted(trained_work_dir, train_env,
     out = _train(tmp_path / 'trusted', train_env, '--resume', stock,
                  '--trust-checkpoint', stock, max_iters=7)
     assert 'resumed epoch: 0, iter: 6' in out
+
+
+def test_resume_from_forged_numpy_data_is_refused(train_env, tmp_path):
+    hostile = write_hostile_checkpoint('object_array_in_history_buffer',
+                                       str(tmp_path / 'hostile.pth'))
+    with pytest.raises(ProcessFailed) as refused:
+        _train(tmp_path / 'work', train_env, '--resume', hostile,
+               max_iters=2)
+    message = str(refused.value)
+    # Exit code 1 (the refusal), not -11 (SIGSEGV).
+    assert 'failed with exit code 1:' in message
+    assert f'Refusing to load checkpoint "{hostile}"' in message
+    assert 'numpy data numpy itself never writes' in message
 
 
 def test_amp_on_cpu(train_env, tmp_path):
