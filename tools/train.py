@@ -40,9 +40,10 @@ def parse_args():
         '--trust-checkpoint',
         action='append',
         default=[],
-        metavar='PATH',
-        help='load this checkpoint without weights_only restrictions (only '
-        'for files you trust, e.g. written by stock mmengine); repeatable')
+        metavar='PATH_OR_URL',
+        help='load this checkpoint (a file, or the URL / hub name it is '
+        'loaded by) without weights_only restrictions; only for files you '
+        'trust, e.g. written by stock mmengine; repeatable')
     parser.add_argument(
         '--cfg-options',
         nargs='+',

@@ -53,10 +53,14 @@ def _download(url: str, model_dir: str = None) -> str:
     return cached
 
 
-def load_from_http_safely(url: str, map_location=None, model_dir=None):
-    """``http://`` and ``https://`` checkpoints."""
+def load_from_http_safely(url: str,
+                          map_location=None,
+                          model_dir: str = None,
+                          name: str = None):
+    """``http://`` and ``https://`` checkpoints; ``name`` is what the user
+    asked for when that was a hub name resolved to ``url``."""
     return load_checkpoint_safely(
-        _download(url, model_dir), map_location, name=url)
+        _download(url, model_dir), map_location, name=name or url)
 
 
 def load_from_torchvision_safely(filename: str, map_location=None):
@@ -69,7 +73,7 @@ def load_from_torchvision_safely(filename: str, map_location=None):
             level=logging.WARNING)
     model_name = filename.split('://', 1)[1]
     url = mmengine_checkpoint.get_torchvision_models()[model_name]
-    return load_from_http_safely(url, map_location)
+    return load_from_http_safely(url, map_location, name=filename)
 
 
 def load_from_openmmlab_safely(filename: str, map_location=None):
@@ -86,16 +90,18 @@ def load_from_openmmlab_safely(filename: str, map_location=None):
         model_name = deprecated[model_name]
     model_url = mmengine_checkpoint.get_external_models()[model_name]
     if model_url.startswith(('http://', 'https://')):
-        return load_from_http_safely(model_url, map_location)
-    return load_from_local_safely(
-        osp.join(mmengine_checkpoint._get_mmengine_home(), model_url),
-        map_location)
+        return load_from_http_safely(model_url, map_location, name=filename)
+    # mmengine's own MMENGINE_HOME resolution, which its table entries use.
+    local = osp.join(mmengine_checkpoint._get_mmengine_home(), model_url)
+    if not osp.isfile(local):
+        raise FileNotFoundError(f'{local} can not be found.')
+    return load_checkpoint_safely(local, map_location, name=filename)
 
 
 def load_from_mmcls_safely(filename: str, map_location=None):
     """``mmcls://NAME``: mmengine's mmcls URL table, backbone keys kept."""
     url = mmengine_checkpoint.get_mmcls_models()[filename[len('mmcls://'):]]
-    checkpoint = load_from_http_safely(url, map_location)
+    checkpoint = load_from_http_safely(url, map_location, name=filename)
     # mmengine's own conversion of mmcls checkpoints (keeps `backbone.*`).
     return mmengine_checkpoint._process_mmcls_checkpoint(checkpoint)
 

@@ -15,6 +15,7 @@ import mmdata_plugin  # noqa: F401  (installs the safe loaders)
 from mmdata_plugin.utils import (TRUSTED_CHECKPOINTS_ENV,
                                  UnreadableCheckpointError,
                                  UnsafeCheckpointError, trust_checkpoint)
+from mmdata_plugin.utils.checkpoint_safety import trusted_checkpoints
 
 
 class _RunsShellCommand:
@@ -209,3 +210,13 @@ def test_users_safe_globals_survive_a_load(tmp_path):
     finally:
         torch.serialization.clear_safe_globals()
         torch.serialization.add_safe_globals(before)
+
+
+def test_trusted_list_keeps_urls_whole(tmp_path, monkeypatch):
+    local = str(tmp_path / 'a.pth')
+    urls = ['http://127.0.0.1:8000/x.pth', 'open-mmlab:s3://bucket/k.pth']
+    monkeypatch.setenv(TRUSTED_CHECKPOINTS_ENV,
+                       ':'.join([local, urls[0], '/b/c.pth', urls[1]]))
+    assert trusted_checkpoints() == [local, urls[0], '/b/c.pth', urls[1]]
+    trust_checkpoint('mmcls://net')
+    assert trusted_checkpoints()[-1] == 'mmcls://net'
