@@ -31,12 +31,14 @@ class _RunsShellCommand:
 class _UsesGetattrGadget:
     """The `builtins.getattr` gadget attackers chain to reach any callable.
 
-    Harmless here (it resolves ``str.upper``), but it is exactly what stock
-    mmengine checkpoints contain.
+    Harmless here (it resolves ``OrderedDict.fromkeys``), but it is exactly
+    what stock mmengine checkpoints contain. ``OrderedDict`` is allowed by
+    torch itself, so ``builtins.getattr`` is the only global the safe loader
+    can refuse it for.
     """
 
     def __reduce__(self):
-        return getattr, (str, 'upper')
+        return getattr, (OrderedDict, 'fromkeys')
 
 
 @pytest.fixture(autouse=True)
@@ -87,8 +89,13 @@ def test_malicious_checkpoint_is_refused(tmp_path):
 def test_getattr_gadget_is_refused(tmp_path):
     path = str(tmp_path / 'gadget.pth')
     torch.save(dict(meta=_UsesGetattrGadget()), path)
-    with pytest.raises(UnsafeCheckpointError, match='builtins.getattr'):
+    assert torch.serialization.get_unsafe_globals_in_checkpoint(path) == [
+        'builtins.getattr'
+    ]
+    with pytest.raises(UnsafeCheckpointError) as error:
         CheckpointLoader.load_checkpoint(path)
+    assert "outside the safe allow-list: ['builtins.getattr']" in str(
+        error.value)
 
 
 def test_trusting_another_file_does_not_trust_this_one(tmp_path):
@@ -103,7 +110,8 @@ def test_explicitly_trusted_file_loads(tmp_path):
     path = str(tmp_path / 'gadget.pth')
     torch.save(dict(meta=_UsesGetattrGadget()), path)
     trust_checkpoint(path)
-    assert CheckpointLoader.load_checkpoint(path)['meta'] == str.upper
+    assert CheckpointLoader.load_checkpoint(path)['meta'] == (
+        OrderedDict.fromkeys)
 
 
 def test_missing_file_error(tmp_path):
