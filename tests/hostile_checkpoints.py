@@ -1,9 +1,13 @@
 """Hand-crafted hostile checkpoints for the safe loader's tests.
 
-Each payload names only globals the safe loader accepts by name (numpy's
-``dtype``, ``_reconstruct``, ``scalar``, our HistoryBuffer rebuilder), with a
-forged state: the attacks numpy itself never writes.
+Two code gadgets, then payloads that name only globals the safe loader
+accepts by name (numpy's ``dtype``, ``_reconstruct``, ``scalar``, our
+HistoryBuffer rebuilder), with a forged state: the attacks numpy itself
+never writes.
 """
+import os
+from collections import OrderedDict
+
 import numpy as np
 import torch
 
@@ -15,6 +19,29 @@ _SCALAR = _multiarray.multiarray.scalar
 # numpy's own object dtype state has flags 63 (it holds references); 0 makes
 # numpy treat the raw bytes of the file as object pointers.
 _NO_REFERENCE_FLAGS = 0
+
+
+class RunsShellCommand:
+    """A pickle payload that runs a command when unpickled."""
+
+    def __init__(self, command):
+        self.command = command
+
+    def __reduce__(self):
+        return os.system, (self.command, )
+
+
+class UsesGetattrGadget:
+    """The `builtins.getattr` gadget attackers chain to reach any callable.
+
+    Harmless here (it resolves ``OrderedDict.fromkeys``), but it is exactly
+    what stock mmengine checkpoints contain. ``OrderedDict`` is allowed by
+    torch itself, so ``builtins.getattr`` is the only global the safe loader
+    can refuse it for.
+    """
+
+    def __reduce__(self):
+        return getattr, (OrderedDict, 'fromkeys')
 
 
 class ForgedDtype:

@@ -7,7 +7,8 @@ from collections import OrderedDict
 import numpy as np
 import pytest
 import torch
-from hostile_checkpoints import HOSTILE_PAYLOADS, write_hostile_checkpoint
+from hostile_checkpoints import (HOSTILE_PAYLOADS, RunsShellCommand,
+                                 UsesGetattrGadget, write_hostile_checkpoint)
 from mmengine.logging import HistoryBuffer, MessageHub
 from mmengine.runner.checkpoint import CheckpointLoader, _load_checkpoint
 
@@ -16,29 +17,6 @@ from mmdata_plugin.utils import (TRUSTED_CHECKPOINTS_ENV,
                                  UnreadableCheckpointError,
                                  UnsafeCheckpointError, trust_checkpoint)
 from mmdata_plugin.utils.checkpoint_safety import trusted_checkpoints
-
-
-class _RunsShellCommand:
-    """A pickle payload that runs a command when unpickled."""
-
-    def __init__(self, command):
-        self.command = command
-
-    def __reduce__(self):
-        return os.system, (self.command, )
-
-
-class _UsesGetattrGadget:
-    """The `builtins.getattr` gadget attackers chain to reach any callable.
-
-    Harmless here (it resolves ``OrderedDict.fromkeys``), but it is exactly
-    what stock mmengine checkpoints contain. ``OrderedDict`` is allowed by
-    torch itself, so ``builtins.getattr`` is the only global the safe loader
-    can refuse it for.
-    """
-
-    def __reduce__(self):
-        return getattr, (OrderedDict, 'fromkeys')
 
 
 @pytest.fixture(autouse=True)
@@ -79,7 +57,7 @@ def test_malicious_checkpoint_is_refused(tmp_path):
     torch.save(
         dict(
             state_dict=dict(w=torch.ones(1)),
-            meta=_RunsShellCommand(f'touch {marker}')), path)
+            meta=RunsShellCommand(f'touch {marker}')), path)
     with pytest.raises(UnsafeCheckpointError) as error:
         CheckpointLoader.load_checkpoint(path, map_location='cpu')
     assert 'system' in str(error.value)
@@ -88,7 +66,7 @@ def test_malicious_checkpoint_is_refused(tmp_path):
 
 def test_getattr_gadget_is_refused(tmp_path):
     path = str(tmp_path / 'gadget.pth')
-    torch.save(dict(meta=_UsesGetattrGadget()), path)
+    torch.save(dict(meta=UsesGetattrGadget()), path)
     assert torch.serialization.get_unsafe_globals_in_checkpoint(path) == [
         'builtins.getattr'
     ]
@@ -100,7 +78,7 @@ def test_getattr_gadget_is_refused(tmp_path):
 
 def test_trusting_another_file_does_not_trust_this_one(tmp_path):
     path = str(tmp_path / 'gadget.pth')
-    torch.save(dict(meta=_UsesGetattrGadget()), path)
+    torch.save(dict(meta=UsesGetattrGadget()), path)
     trust_checkpoint(str(tmp_path / 'other.pth'))
     with pytest.raises(UnsafeCheckpointError):
         CheckpointLoader.load_checkpoint(path)
@@ -108,7 +86,7 @@ def test_trusting_another_file_does_not_trust_this_one(tmp_path):
 
 def test_explicitly_trusted_file_loads(tmp_path):
     path = str(tmp_path / 'gadget.pth')
-    torch.save(dict(meta=_UsesGetattrGadget()), path)
+    torch.save(dict(meta=UsesGetattrGadget()), path)
     trust_checkpoint(path)
     assert CheckpointLoader.load_checkpoint(path)['meta'] == (
         OrderedDict.fromkeys)

@@ -20,6 +20,7 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 import mmengine.fileio.backends.registry_utils as fileio_registry
 import pytest
 import torch
+from hostile_checkpoints import RunsShellCommand, UsesGetattrGadget
 from mmengine.fileio import BaseStorageBackend
 from mmengine.runner import checkpoint as mmengine_checkpoint
 from mmengine.runner.checkpoint import CheckpointLoader
@@ -28,22 +29,6 @@ import mmdata_plugin  # noqa: F401  (installs the safe loaders)
 from mmdata_plugin.utils import (TRUSTED_CHECKPOINTS_ENV,
                                  UnsafeCheckpointError, trust_checkpoint)
 from mmdata_plugin.utils.checkpoint_schemes import SAFE_SCHEME_LOADERS
-
-
-class _RunsShellCommand:
-
-    def __init__(self, command):
-        self.command = command
-
-    def __reduce__(self):
-        return os.system, (self.command, )
-
-
-class _UsesGetattrGadget:
-    """Refused by the safe loader (builtins.getattr), harmless if run."""
-
-    def __reduce__(self):
-        return getattr, (str, 'upper')
 
 
 class _QuietHandler(SimpleHTTPRequestHandler):
@@ -62,9 +47,9 @@ def served(tmp_path_factory):
     torch.save(
         dict(
             state_dict=dict(w=torch.ones(1)),
-            meta=_RunsShellCommand(f'touch {marker}')), root / 'evil.pth')
+            meta=RunsShellCommand(f'touch {marker}')), root / 'evil.pth')
     torch.save(
-        dict(state_dict=dict(w=torch.ones(1)), meta=_UsesGetattrGadget()),
+        dict(state_dict=dict(w=torch.ones(1)), meta=UsesGetattrGadget()),
         root / 'gadget.pth')
     return root, marker
 
