@@ -5,6 +5,7 @@ accepts by name (numpy's ``dtype``, ``_reconstruct``, ``scalar``, our
 HistoryBuffer rebuilder), with a forged state: the attacks numpy itself
 never writes.
 """
+import copyreg
 import os
 from collections import OrderedDict
 
@@ -52,6 +53,18 @@ class ForgedDtype:
 
     def __reduce__(self):
         return np.dtype, (self.spec, False, True), self.state
+
+
+class DtypeWithoutSpec:
+    """Pickles as NEWOBJ ``numpy.dtype`` (no constructor call), then BUILD
+    of an object dtype's state."""
+
+    # pickle checks that NEWOBJ's class is the object's __class__.
+    __class__ = property(lambda self: np.dtype)
+
+    def __reduce__(self):
+        return copyreg.__newobj__, (np.dtype, ), (3, '|', None, None, None,
+                                                  -1, -1, 0)
 
 
 class ForgedArray:
@@ -124,6 +137,8 @@ HOSTILE_PAYLOADS = {
     'object_scalar_in_set': lambda: dict(meta=dict(x={
         ForgedScalar(forged_object_dtype(), b'\x41' * 8)
     })),
+    'dtype_built_without_its_spec': lambda: dict(meta=dict(x=ForgedArray(
+        (2, ), DtypeWithoutSpec(), b'\x41' * 16))),
     'float_dtype_claiming_references': lambda: dict(meta=dict(x=ForgedArray(
         (2, ), ForgedDtype('f8', (3, '<', None, None, None, -1, -1, 63)),
         b'\x41' * 16))),

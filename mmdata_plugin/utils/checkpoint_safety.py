@@ -178,8 +178,7 @@ def _unsafe_globals_reason(source) -> str:
 
 def _unreadable(name: str, error: Exception) -> UnreadableCheckpointError:
     return UnreadableCheckpointError(
-        f'Cannot read checkpoint "{name}" (truncated or corrupt?): '
-        f'{type(error).__name__}: {error}')
+        f'Cannot read checkpoint "{name}": {type(error).__name__}: {error}')
 
 
 def _opened(source: Union[str, bytes]):
@@ -211,9 +210,10 @@ def _try_restricted_load(source, map_location,
         if not reason:
             raise _unreadable(name, error) from error
         return reason, None
-    except (RuntimeError, EOFError, OSError) as error:
-        if isinstance(error, FileNotFoundError):
-            raise
+    except (RuntimeError, EOFError, TypeError, ValueError, KeyError,
+            IndexError, AttributeError) as error:
+        # torch's reader (truncated zip: RuntimeError), or a stand-in or
+        # rebuild function called with arguments no writer produces.
         raise _unreadable(name, error) from error
 
 

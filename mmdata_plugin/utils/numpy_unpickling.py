@@ -57,6 +57,9 @@ class PendingDtype:
     The pickle calls ``numpy.dtype(spec, align, copy)`` and then BUILDs the
     dtype's state; a real dtype would take that state unchecked.
     """
+    # Also what an instance made without __init__ (pickle NEWOBJ) holds.
+    spec = None
+    resolved = None
 
     def __init__(self, spec: Any, align: Any = False, copy: Any = True):
         plain_dtype(spec)
