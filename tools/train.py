@@ -12,8 +12,8 @@ from mmengine.runner import Runner
 
 import mmdata_plugin  # noqa: F401  (registers components, safe ckpt loading)
 from mmdata_plugin.engine import apply_data_monitor_env
-from mmdata_plugin.utils import (find_resumable_checkpoint, prepare_distributed,
-                                 trust_checkpoint)
+from mmdata_plugin.utils import (find_resumable_checkpoint,
+                                 prepare_distributed, trust_checkpoint)
 
 
 def parse_args():

@@ -24,6 +24,7 @@ from mmengine.fileio import get_file_backend
 from mmengine.logging import print_log
 from mmengine.runner import checkpoint as mmengine_checkpoint
 from mmengine.runner.checkpoint import CheckpointLoader
+from mmengine.utils import digit_version
 
 from .checkpoint_safety import (load_checkpoint_safely, load_from_local_safely,
                                 register_safe_history_buffer_pickling)
@@ -151,14 +152,15 @@ def install_safe_checkpoint_loading() -> bool:
     """Route mmengine's checkpoint loading through the safe loaders.
 
     Uses mmengine's public ``CheckpointLoader.register_scheme`` extension
-    point. Torch builds older than 2.5 lack scoped allow-lists; there the
-    stock loaders are kept.
+    point. Torch before 2.6 cannot bind a stand-in to a global's name
+    (``(callable, "module.name")`` allow-list entries) and does not default
+    to ``weights_only``; there the stock loaders are kept.
 
     Returns:
         bool: Whether the safe loaders were installed.
     """
     register_safe_history_buffer_pickling()
-    if not hasattr(torch.serialization, 'safe_globals'):
+    if digit_version(torch.__version__) < digit_version('2.6.0'):
         return False
     for prefix, loader in SAFE_SCHEME_LOADERS.items():
         CheckpointLoader.register_scheme(prefix, loader, force=True)

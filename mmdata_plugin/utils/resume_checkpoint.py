@@ -11,7 +11,8 @@ import os.path as osp
 import zipfile
 from typing import List, Optional, Tuple
 
-from .checkpoint_safety import UnreadableCheckpointError, load_from_local_safely
+from .checkpoint_safety import (UnreadableCheckpointError,
+                                load_from_local_safely)
 
 # Every zip archive (the torch >= 1.6 checkpoint format) starts with this.
 _ZIP_MAGIC = b'PK\x03\x04'
