@@ -24,8 +24,9 @@ from .jsonl_conversion import atomic_text_output, write_record
 from .line_index import ByteProgressBar
 
 # A numpy array with more elements than this is the sample's data (a decoded
-# image, a dense mask), not an annotation record.
-MAX_ARRAY_ELEMENTS = 1 << 16
+# image, a dense mask), not an annotation: 1000 boxes or 100 x 17 keypoints
+# fit, a 64 x 64 image does not.
+MAX_ARRAY_ELEMENTS = 4096
 # Samples read twice to tell records from samples made up on each call.
 _DETERMINISM_PROBES = 3
 
@@ -76,8 +77,8 @@ def plain(value: Any, where: str) -> Any:
                 'numeric arrays can be written as lists')
         if value.size > MAX_ARRAY_ELEMENTS:
             raise NotPlainRecordError(
-                f'{where} is a numpy array of shape {value.shape}: the '
-                'dataset holds sample data in memory, not a record that '
+                f'{where} is a numpy array of shape {value.shape} (more '
+                f'than {MAX_ARRAY_ELEMENTS} values): the dataset holds sample data in memory, not a record that '
                 'points to files. RankShardedDataset reads records; write '
                 'the arrays to files and put their paths in the records.')
         return plain(value.tolist(), where)

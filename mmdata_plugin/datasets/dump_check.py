@@ -65,8 +65,15 @@ def check_dump(original, sharded, count: int, seed: int = 0) -> List[SampleCheck
         differences('data_info', plain(original.get_data_info(index),
                                        'data_info'),
                     sharded.get_data_info(index), found, made_plain)
-        differences('sample', _prepared(original, index, seed),
-                    _prepared(sharded, index, seed), found, made_plain)
+        samples = []
+        for name, dataset in (('original', original), ('dump', sharded)):
+            try:
+                samples.append(_prepared(dataset, index, seed))
+            except Exception as error:
+                found.append(f'sample: the pipeline raised on the {name}: '
+                             f'{type(error).__name__}: {error}')
+        if len(samples) == 2:
+            differences('sample', *samples, found, made_plain)
         checks.append(SampleCheck(index, found, made_plain))
     return checks
 
@@ -141,7 +148,7 @@ def _array_differences(where: str, a: np.ndarray, b: np.ndarray,
 
 def _short(value: Any) -> str:
     text = repr(value)
-    return text if len(text) <= 60 else text[:57] + '...'
+    return text if len(text) <= 160 else text[:157] + '...'
 
 
 def format_check(checks: List[SampleCheck]) -> str:
