@@ -6,18 +6,25 @@ tool: a ``BaseDataset`` with an annotation format of its own (COCO-like
 numpy values in its records. ``ToyAspectRatioBatchSampler`` follows mmdet's
 ``AspectRatioBatchSampler`` line for line (buckets held on the instance,
 ``get_data_info`` read per index), so exact resume is tested without mmdet.
+``ToyBoxCounter`` and ``DetProbeHook`` train on and record mmdet batches
+where mmdet imports.
 Imported by configs through ``custom_imports`` (the tests put this folder on
 ``PYTHONPATH``).
 """
+import hashlib
 import json
 import os
 import os.path as osp
 
 import cv2
 import numpy as np
+import torch
 from mmcv.transforms import BaseTransform
 from mmengine.dataset import BaseDataset
-from mmengine.registry import DATA_SAMPLERS, DATASETS, TRANSFORMS
+from mmengine.hooks import Hook
+from mmengine.model import BaseModel
+from mmengine.registry import (DATA_SAMPLERS, DATASETS, HOOKS, MODELS,
+                               TRANSFORMS)
 from torch.utils.data import BatchSampler, Sampler
 
 
@@ -163,3 +170,41 @@ class ToyAspectRatioBatchSampler(BatchSampler):
         if self.drop_last:
             return len(self.sampler) // self.batch_size
         return (len(self.sampler) + self.batch_size - 1) // self.batch_size
+
+
+@MODELS.register_module()
+class ToyBoxCounter(BaseModel):
+    """Regresses the number of boxes from the mean pixel: a model that
+    trains on ``DetDataSample`` batches without mmcv's compiled ops."""
+
+    def __init__(self, data_preprocessor=None):
+        super().__init__(data_preprocessor)
+        self.weight = torch.nn.Parameter(torch.zeros(1))
+
+    def forward(self, inputs, data_samples=None, mode='tensor'):
+        pixels = inputs.float().mean(dim=(1, 2, 3)) / 255
+        if mode != 'loss':
+            return pixels * self.weight
+        target = torch.tensor([len(s.gt_instances) for s in data_samples],
+                              dtype=torch.float32)
+        return dict(loss=((pixels * self.weight - target)**2).mean())
+
+
+@HOOKS.register_module()
+class DetProbeHook(Hook):
+    """One JSON line per iteration: images, flips, boxes, pixels, loss."""
+
+    def after_train_iter(self, runner, batch_idx, data_batch=None,
+                         outputs=None):
+        samples = data_batch['data_samples']
+        record = dict(
+            iter=runner.iter,
+            img_path=[osp.basename(s.img_path) for s in samples],
+            flip=[bool(s.flip) for s in samples],
+            boxes=[s.gt_instances.bboxes.tensor.round(decimals=3).tolist()
+                   for s in samples],
+            pixels=[hashlib.sha1(img.numpy().tobytes()).hexdigest()
+                    for img in data_batch['inputs']],
+            loss=outputs['loss'].item())
+        with open(osp.join(runner.work_dir, 'probe.jsonl'), 'a') as file:
+            file.write(json.dumps(record) + '\n')
