@@ -12,6 +12,7 @@ import runpy
 import sys
 from unittest import mock
 
+import cv2
 import numpy as np
 import pytest
 from downstream_toys import (TOY_FILTER, ToyDetDataset, make_toy_coco,
@@ -239,3 +240,51 @@ def test_wrappers_dump_their_dataset_or_say_how(toy_root, tmp_path, capsys):
     result = run_tool_here(capsys, concat, tmp_path / 'part1.jsonl',
                            '--part', 1)
     assert 'dataset.datasets[1] (list it there)' in result
+
+
+def test_mmseg_folder_dataset_dumps_and_checks(tmp_path):
+    """Where mmseg imports (it needs mmcv's compiled ops): ADE20KDataset's
+    folder scan, through its own random pipeline."""
+    try:
+        import mmseg.datasets  # noqa: F401
+    except Exception as error:  # ImportError, or mmseg's mmcv check
+        pytest.skip(f'mmseg does not import here: {error!r:.120}')
+    from mmengine.registry import DefaultScope
+    rng = np.random.default_rng(0)
+    for folder in ('images/training', 'annotations/training'):
+        (tmp_path / folder).mkdir(parents=True)
+    for i in range(6):
+        height, width = (int(v) for v in rng.integers(24, 64, 2))
+        cv2.imwrite(str(tmp_path / f'images/training/{i}.jpg'),
+                    rng.integers(0, 255, (height, width, 3), np.uint8))
+        cv2.imwrite(str(tmp_path / f'annotations/training/{i}.png'),
+                    rng.integers(0, 4, (height, width), np.uint8))
+    pipeline = [
+        dict(type='LoadImageFromFile'),
+        dict(type='LoadAnnotations', reduce_zero_label=True),
+        dict(type='RandomResize', scale=(64, 32), ratio_range=(0.5, 2.0),
+             keep_ratio=True),
+        dict(type='RandomCrop', crop_size=(24, 24), cat_max_ratio=0.75),
+        dict(type='RandomFlip', prob=0.5),
+        dict(type='PhotoMetricDistortion'),
+        dict(type='PackSegInputs')
+    ]
+    with DefaultScope.overwrite_default_scope('mmseg'):
+        original = DATASETS.build(
+            dict(type='ADE20KDataset', data_root=str(tmp_path),
+                 data_prefix=dict(img_path='images/training',
+                                  seg_map_path='annotations/training'),
+                 pipeline=pipeline))
+    out = str(tmp_path / 'train.jsonl')
+    result = dump_data_list(original, out, progress=False)
+    assert result.data_prefix == dict(
+        img_path=f'{tmp_path}/images/training',
+        seg_map_path=f'{tmp_path}/annotations/training')
+    with DefaultScope.overwrite_default_scope('mmseg'):
+        sharded = RankShardedDataset(
+            data_root=str(tmp_path), ann_file='train.jsonl',
+            data_prefix=dict(img_path='images/training',
+                             seg_map_path='annotations/training'),
+            pipeline=pipeline, index_progress=False)
+        report = format_check(check_dump(original, sharded, 6))
+    assert report.startswith('--check: 6 of 6 samples identical'), report
