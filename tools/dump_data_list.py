@@ -6,7 +6,6 @@
 import argparse
 import sys
 
-from mmengine.config import Config
 from mmengine.registry import DATASETS
 
 from mmdata_plugin.datasets.data_list_dump import (NotPlainRecordError,

@@ -9,7 +9,6 @@ follows the dataset's ``data_prefix`` so that the new config's
 ``data_root``/``data_prefix`` join them back, and describes the config
 that reads the file.
 """
-import json
 import math
 import numbers
 import os.path as osp
@@ -78,7 +77,8 @@ def plain(value: Any, where: str) -> Any:
         if value.size > MAX_ARRAY_ELEMENTS:
             raise NotPlainRecordError(
                 f'{where} is a numpy array of shape {value.shape} (more '
-                f'than {MAX_ARRAY_ELEMENTS} values): the dataset holds sample data in memory, not a record that '
+                f'than {MAX_ARRAY_ELEMENTS} values): the dataset holds '
+                'sample data in memory, not a record that '
                 'points to files. RankShardedDataset reads records; write '
                 'the arrays to files and put their paths in the records.')
         return plain(value.tolist(), where)
@@ -250,12 +250,11 @@ def relative_to_root(path: str, data_root: Optional[str]) -> str:
     unchanged without a data root)."""
     if not data_root:
         return path
-    if data_root:
-        root = data_root.rstrip('/') + '/'
-        if path.startswith(root):
-            return path[len(root):]
-        if osp.abspath(path).startswith(osp.abspath(data_root) + osp.sep):
-            return osp.relpath(osp.abspath(path), osp.abspath(data_root))
+    root = data_root.rstrip('/') + '/'
+    if path.startswith(root):
+        return path[len(root):]
+    if osp.abspath(path).startswith(osp.abspath(data_root) + osp.sep):
+        return osp.relpath(osp.abspath(path), osp.abspath(data_root))
     return osp.abspath(path)
 
 
@@ -318,7 +317,8 @@ def format_config_block(cfg, split: str, dataset_config: dict,
     lines = [f'{split}_dataloader = dict(']
     sampler = (dataloader.get('sampler') or {}).get('type')
     if sampler in SAMPLER_REPLACEMENTS:
-        lines.append(f"    sampler=dict(type='{SAMPLER_REPLACEMENTS[sampler]}'),")
+        replacement = SAMPLER_REPLACEMENTS[sampler]
+        lines.append(f"    sampler=dict(type='{replacement}'),")
     lines.append('    dataset=' + _format(body, 4) + ')')
     return '\n'.join(lines)
 

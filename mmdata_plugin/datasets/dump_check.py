@@ -36,7 +36,10 @@ class SampleCheck(NamedTuple):
     made_plain: List[str]
 
 
-def check_dump(original, sharded, count: int, seed: int = 0) -> List[SampleCheck]:
+def check_dump(original,
+               sharded,
+               count: int,
+               seed: int = 0) -> List[SampleCheck]:
     """Compare ``count`` random samples of ``sharded`` with ``original``.
 
     Args:
@@ -141,7 +144,8 @@ def _array_differences(where: str, a: np.ndarray, b: np.ndarray,
         unequal = np.count_nonzero(a != b)
         text = f'{where}: {unequal} of {a.size} values differ'
         if a.dtype.kind in 'iuf':
-            gap = np.nanmax(np.abs(a.astype(np.float64) - b.astype(np.float64)))
+            gap = np.nanmax(
+                np.abs(a.astype(np.float64) - b.astype(np.float64)))
             text += f' (max |difference| {gap:g})'
         found.append(text)
 

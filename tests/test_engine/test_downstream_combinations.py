@@ -84,7 +84,8 @@ class ToyMultiSourceSampler(Sampler):
         generator = torch.Generator()
         generator.manual_seed(self.seed)
         while True:
-            yield from torch.randperm(sample_size, generator=generator).tolist()
+            yield from torch.randperm(
+                sample_size, generator=generator).tolist()
 
     def __iter__(self) -> Iterator[int]:
         while True:

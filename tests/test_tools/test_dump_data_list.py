@@ -15,8 +15,7 @@ from unittest import mock
 import cv2
 import numpy as np
 import pytest
-from downstream_toys import (TOY_FILTER, ToyDetDataset, make_toy_coco,
-                             toy_pipeline)
+from downstream_toys import TOY_FILTER, make_toy_coco, toy_pipeline
 from helpers import REPO_ROOT
 from mmengine.config import Config
 from mmengine.dataset import BaseDataset
