@@ -391,10 +391,17 @@ class ByteProgressBar:
         total (int): Bytes to do.
         label (str): What is being done.
         enabled (bool): False shows nothing.
+        unit (str): ``'bytes'`` (shown as MB/s) or what ``total`` counts
+            (``'samples'``, shown as samples/s).
     """
 
-    def __init__(self, total: int, label: str, enabled: bool):
+    def __init__(self,
+                 total: int,
+                 label: str,
+                 enabled: bool,
+                 unit: str = 'bytes'):
         self.total = max(total, 1)
+        self.unit = unit
         self.label = label
         self.enabled = enabled
         self.tty = sys.stderr.isatty()
@@ -410,10 +417,15 @@ class ByteProgressBar:
         width = 30
         filled = int(width * done / self.total)
         text = (f'{self.label}: [{"#" * filled}{"." * (width - filled)}] '
-                f'{100 * done / self.total:5.1f}% {rate / 1e6:.0f} MB/s '
+                f'{100 * done / self.total:5.1f}% {self._rate(rate)} '
                 f'ETA {eta:.0f} s')
         sys.stderr.write(('\r' + text) if self.tty else (text + '\n'))
         sys.stderr.flush()
+
+    def _rate(self, rate: float) -> str:
+        if self.unit == 'bytes':
+            return f'{rate / 1e6:.0f} MB/s'
+        return f'{rate:.0f} {self.unit}/s'
 
     def close(self) -> None:
         if self.enabled and self.tty and self.last != self.start:

@@ -219,14 +219,26 @@ class RankShardedDataset(BaseDataset):
         return f'{self.ann_file}:{line_number}'
 
     def get_cat_ids(self, idx: int) -> List[int]:
+        """The category ids of sample ``idx`` (``ClassBalancedDataset``).
+
+        Read from ``gt_label`` (classification: an int or a list) or from
+        the ``bbox_label`` of each of ``instances`` (detection records, as
+        mmdet's ``get_cat_ids``).
+        """
         data_info = self.get_data_info(idx)
-        if 'gt_label' not in data_info:
-            raise KeyError(f'sample {int(idx)} of {self.ann_file} has no '
-                           '"gt_label"')
-        label = data_info['gt_label']
-        return [int(v) for v in label] if isinstance(label, list) else [
-            int(label)
-        ]
+        if 'gt_label' in data_info:
+            label = data_info['gt_label']
+            return [int(v) for v in label] if isinstance(label, list) else [
+                int(label)
+            ]
+        if 'instances' in data_info:
+            return [
+                int(instance['bbox_label'])
+                for instance in data_info['instances']
+                if 'bbox_label' in instance
+            ]
+        raise KeyError(f'sample {int(idx)} of {self.ann_file} has neither '
+                       '"gt_label" nor "instances" with "bbox_label"')
 
     def prepare_data(self, idx) -> Any:
         """Run the pipeline; errors and drops name the sample and its file."""

@@ -68,6 +68,7 @@ class _RankStream(Sampler):
         # Materialising datasets (slow shared file systems) get each rank's
         # share written to a local file before the rank iterates over it.
         self._materialize = getattr(dataset, 'materialize_shards', False)
+        _refuse_wrapped_shard_files(dataset)
         self._permutations = {}
 
     def fast_forward(self, global_offset: int) -> None:
@@ -133,6 +134,37 @@ class _RankStream(Sampler):
         for start in range(0, count, _BLOCK):
             for index in ids[start:start + _BLOCK].tolist():
                 yield SampleIndex(index, shard=shard)
+
+
+# Instead of a dataset wrapper around a shard-materialising dataset.
+_WRAPPER_ALTERNATIVES = dict(
+    RepeatDataset='multiply max_epochs/max_iters by `times` instead',
+    ConcatDataset='concatenate the .jsonl files into one (`cat a.jsonl '
+    'b.jsonl`; keep one metainfo line) instead')
+
+
+def inner_datasets(dataset) -> Iterator:
+    """The datasets under ``dataset``'s wrappers (``dataset`` first)."""
+    yield dataset
+    for inner in getattr(dataset, 'datasets', None) or (getattr(
+            dataset, 'dataset', None), ):
+        if inner is not None and inner is not dataset:
+            yield from inner_datasets(inner)
+
+
+def _refuse_wrapped_shard_files(dataset) -> None:
+    if isinstance(dataset, RankShardedDataset):
+        return
+    for inner in inner_datasets(dataset):
+        if getattr(inner, 'materialize_shards', False):
+            name = type(dataset).__name__
+            alternative = _WRAPPER_ALTERNATIVES.get(
+                name, 'put the RankShardedDataset directly under the sampler')
+            raise ValueError(
+                f'A RankShardedDataset with materialize_shards=True inside '
+                f'a {name}: the sampler deals out indices of the {name}, so '
+                'it cannot write the shard files the dataset would read. '
+                f'Set materialize_shards=False, or {alternative}.')
 
 
 @DATA_SAMPLERS.register_module()
@@ -285,10 +317,9 @@ def stock_sampler_advice(dataloader: DataLoader) -> Optional[str]:
     Returns:
         str | None: The warning logged, None when the pairing is fine.
     """
-    dataset, seen = dataloader.dataset, 0
-    while not isinstance(dataset, RankShardedDataset) and seen < 8:
-        dataset, seen = getattr(dataset, 'dataset', None), seen + 1
-    if not isinstance(dataset, RankShardedDataset):
+    dataset = next((inner for inner in inner_datasets(dataloader.dataset)
+                    if isinstance(inner, RankShardedDataset)), None)
+    if dataset is None:
         return None
     batch_sampler = getattr(dataloader, 'batch_sampler', None)
     sampler = getattr(batch_sampler, 'sampler', None) or dataloader.sampler
