@@ -1,0 +1,200 @@
+"""The growing-window schedule and its sampler, with simulated ranks (the
+real 2-rank resume runs are in test_growing_window_training.py)."""
+import itertools
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from mmdata_plugin.datasets import (GrowingWindow, GrowingWindowSampler,
+                                    IndexPermutation, window_capacity)
+from mmdata_plugin.datasets import rank_sharded_sampler as sampler_module
+
+
+def _ranks(n, world_size, monkeypatch, **kwargs):
+    samplers = []
+    for rank in range(world_size):
+        monkeypatch.setattr(sampler_module, 'get_dist_info',
+                            lambda rank=rank: (rank, world_size))
+        samplers.append(GrowingWindowSampler(range(n), **kwargs))
+    return samplers
+
+
+def _epoch(samplers, epoch):
+    for sampler in samplers:
+        sampler.set_epoch(epoch)
+    return [list(sampler) for sampler in samplers]
+
+
+def _global_stream(n, epoch, monkeypatch, **kwargs):
+    (single, ) = _ranks(n, 1, monkeypatch, **kwargs)
+    single.set_epoch(epoch)
+    return list(single)
+
+
+SCHEDULE = dict(initial=6, growth=4, capacity=15, seed=3)
+
+
+def test_window_grows_by_growth_then_slides_oldest_out():
+    window = GrowingWindow(40, **SCHEDULE)
+    assert [window.window_size(e) for e in range(6)] == [6, 10, 14, 15, 15,
+                                                         15]
+    assert [window.bounds(e) for e in range(5)] == [(0, 6), (0, 10), (0, 14),
+                                                    (3, 18), (7, 22)]
+    order = window.arrival_ids(np.arange(40))
+    assert sorted(order) == list(range(40))  # the arrival order is a perm
+    for epoch in range(12):
+        start, stop = window.bounds(epoch)
+        assert list(window.window_ids(epoch)) == [
+            order[a % 40] for a in range(start, stop)
+        ]
+
+
+@pytest.mark.parametrize('world_size', [1, 2, 3, 4])
+def test_ranks_cover_the_window_exactly_each_epoch(monkeypatch, world_size):
+    samplers = _ranks(23, world_size, monkeypatch, **SCHEDULE)
+    window = samplers[0].window
+    for epoch in range(9):
+        per_rank = _epoch(samplers, epoch)
+        size = window.window_size(epoch)
+        # Equal per-rank counts (DDP must not hang), as __len__ says.
+        assert {len(ids) for ids in per_rank} == {-(-size // world_size)}
+        assert len(samplers[0]) == -(-size // world_size)
+        seen = Counter(itertools.chain(*per_rank))
+        assert set(seen) == set(window.window_ids(epoch).tolist())
+        assert sum(seen.values()) - len(seen) <= world_size - 1
+
+
+def test_round_up_false_drops_the_remainder(monkeypatch):
+    samplers = _ranks(23, 4, monkeypatch, round_up=False, **SCHEDULE)
+    ids = list(itertools.chain(*_epoch(samplers, 0)))  # window of 6
+    assert len(ids) == len(set(ids)) == 4
+
+
+def test_each_epoch_is_a_seeded_shuffle_of_its_window(monkeypatch):
+    n = 50
+    first = [_global_stream(n, e, monkeypatch, **SCHEDULE) for e in range(6)]
+    again = [_global_stream(n, e, monkeypatch, **SCHEDULE) for e in range(6)]
+    assert first == again
+    other = dict(SCHEDULE, seed=4)
+    assert first != [
+        _global_stream(n, e, monkeypatch, **other) for e in range(6)
+    ]
+    window = GrowingWindow(n, **SCHEDULE)
+    for epoch, stream in enumerate(first):
+        in_arrival_order = window.window_ids(epoch).tolist()
+        assert sorted(stream) == sorted(in_arrival_order)
+        # The epoch's shuffle is IndexPermutation's, keyed by the epoch.
+        shuffle = IndexPermutation(len(stream), 3, epoch)
+        assert stream == [
+            in_arrival_order[i] for i in shuffle(np.arange(len(stream)))
+        ]
+    assert first[3] != first[4]  # reshuffled even with a full window
+
+
+def test_shuffle_false_is_the_plain_arrival_order(monkeypatch):
+    schedule = dict(SCHEDULE, shuffle=False)
+    assert _global_stream(40, 0, monkeypatch, **schedule) == list(range(6))
+    assert _global_stream(40, 4, monkeypatch, **schedule) == list(
+        range(7, 22))
+
+
+@pytest.mark.parametrize('old_world, new_world', [(2, 2), (2, 3), (3, 1)])
+def test_fast_forward_continues_the_epoch_across_world_sizes(
+        monkeypatch, old_world, new_world):
+    n, epoch, consumed = 37, 4, 6
+    stream = _global_stream(n, epoch, monkeypatch, **SCHEDULE)
+    resumed = _ranks(n, new_world, monkeypatch, **SCHEDULE)
+    for sampler in resumed:
+        sampler.set_epoch(epoch)
+        sampler.fast_forward(consumed)
+    per_rank = [list(sampler) for sampler in resumed]
+    assert len({len(ids) for ids in per_rank}) == 1
+    for rank, ids in enumerate(per_rank):
+        assert ids == [
+            stream[(consumed + rank + k * new_world) % len(stream)]
+            for k in range(len(ids))
+        ]
+    assert set(stream[:consumed]) | set(itertools.chain(*per_rank)) == set(
+        stream)
+    assert len(list(resumed[0])) == len(resumed[0])  # one-shot
+
+
+@pytest.mark.parametrize('n, schedule', [
+    (40, SCHEDULE),
+    (12, SCHEDULE),  # capacity clamped to N: the window becomes everything
+    (20, dict(initial=3, growth=7, capacity=5, seed=1)),  # growth > capacity
+    (20, dict(initial=20, growth=0, seed=2)),  # a fixed window
+])
+def test_changes_are_what_enters_and_leaves_the_window(n, schedule):
+    window = GrowingWindow(n, **schedule)
+    before = set()
+    for epoch in range(10):
+        now = set(window.window_ids(epoch).tolist())
+        entering, leaving = window.changes(epoch)
+        assert len(entering) == len(set(entering.tolist()))
+        assert set(entering.tolist()) == now - before
+        assert set(leaving.tolist()) == before - now
+        before = now
+
+
+def test_exposures_count_the_epochs_each_sample_is_trained_on(monkeypatch):
+    n, epochs = 30, 9
+    window = GrowingWindow(n, **SCHEDULE)
+    counted = Counter()
+    for epoch in range(epochs):
+        counted.update(_global_stream(n, epoch, monkeypatch, **SCHEDULE))
+    order = window.arrival_ids(np.arange(n))
+    exposures = window.exposures(epochs)
+    assert {int(order[r]): int(c)
+            for r, c in enumerate(exposures) if c} == dict(counted)
+    assert exposures.sum() == sum(
+        window.window_size(e) for e in range(epochs))
+    assert not window.exposures(0).any()
+
+
+def test_capacity_from_a_byte_budget():
+    assert window_capacity(10**6, cache_limit='2GB',
+                           sample_bytes='100KB') == 20_000
+    assert window_capacity(10**6, cache_limit='1GiB',
+                           sample_bytes=2**20) == 1024
+    assert window_capacity(500) == 500
+    sampler = GrowingWindowSampler(
+        range(100), 10, 5, cache_limit='3KB', sample_bytes=100, seed=0)
+    assert sampler.capacity == 30
+    sampler = GrowingWindowSampler(range(100), 500, 5, seed=0)
+    assert (sampler.capacity, sampler.initial) == (100, 100)
+
+
+@pytest.mark.parametrize('kwargs, match', [
+    (dict(capacity=5, cache_limit='1GB', sample_bytes=10), 'not both'),
+    (dict(cache_limit='1GB'), 'needs sample_bytes'),
+    (dict(sample_bytes=10), 'only used with cache_limit'),
+    (dict(cache_limit='1 parsec', sample_bytes=10), 'cache_limit must be'),
+    (dict(cache_limit=10, sample_bytes='1MB'), 'holds no sample'),
+    (dict(capacity=0), 'capacity must be'),
+    (dict(growth=-1), 'growth must be'),
+    (dict(initial=0), 'initial must be'),
+    (dict(rounds=3), 'rounds must be >= 4'),
+])
+def test_bad_arguments_name_what_is_wrong(kwargs, match):
+    args = dict(dict(initial=4, growth=2, seed=0), **kwargs)
+    with pytest.raises(ValueError, match=match):
+        GrowingWindowSampler(range(10), **args)
+
+
+def test_positions_outside_the_window_are_refused():
+    window = GrowingWindow(10, **SCHEDULE)
+    with pytest.raises(IndexError, match='epoch 0 trains on 6 samples'):
+        window.ids(0, np.array([6]))
+
+
+def test_a_seed_set_after_build_takes_effect(monkeypatch):
+    (sampler, ) = _ranks(60, 1, monkeypatch, **SCHEDULE)
+    sampler.set_epoch(3)
+    first = list(sampler)
+    sampler.seed = 11  # e.g. re-applied from a checkpoint on resume
+    other = _global_stream(60, 3, monkeypatch, **dict(SCHEDULE, seed=11))
+    assert list(sampler) == other != first
+    assert sampler.window_ids(3).tolist() != GrowingWindow(
+        60, **SCHEDULE).window_ids(3).tolist()
