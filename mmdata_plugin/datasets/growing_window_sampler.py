@@ -10,13 +10,19 @@ from .rank_sharded_sampler import RankShardedSampler
 
 
 def window_capacity(size: int,
+                    growth: int,
                     capacity: Optional[int] = None,
                     cache_limit: Union[int, str, None] = None,
                     sample_bytes: Union[int, str, None] = None) -> int:
     """The window's capacity in samples, from samples or from bytes.
 
+    A cache of ``cache_limit`` bytes must hold the window an epoch trains on
+    *and* the ``growth`` samples fetched meanwhile for the next epoch, so
+    the window gets ``cache_limit // sample_bytes - growth`` samples.
+
     Args:
         size (int): Samples in the dataset (the default capacity).
+        growth (int): Samples fetched per epoch.
         capacity (int, optional): Capacity in samples.
         cache_limit (int | str, optional): Local cache budget (``'200GB'``);
             needs ``sample_bytes``.
@@ -37,11 +43,17 @@ def window_capacity(size: int,
             'size of a sample) to say how many samples fit')
     limit = parse_byte_size(cache_limit, 'cache_limit')
     mean = parse_byte_size(sample_bytes, 'sample_bytes')
-    if mean < 1 or limit < mean:
+    if mean < 1:
+        raise ValueError(f'GrowingWindowSampler: sample_bytes must be at '
+                         f'least 1 byte, got {sample_bytes!r}')
+    fits = limit // mean
+    if fits <= growth:
         raise ValueError(
-            f'GrowingWindowSampler: cache_limit={cache_limit!r} holds no '
-            f'sample of sample_bytes={sample_bytes!r}')
-    return limit // mean
+            f'GrowingWindowSampler: cache_limit={cache_limit!r} holds {fits} '
+            f'samples of sample_bytes={sample_bytes!r}, not more than '
+            f'growth={growth}: no room for a window next to the samples '
+            'fetched for the next epoch')
+    return fits - growth
 
 
 @DATA_SAMPLERS.register_module()
@@ -73,7 +85,8 @@ class GrowingWindowSampler(RankShardedSampler):
             (and no ``cache_limit``): the whole dataset.
         cache_limit (int | str, optional): The local cache budget in bytes
             (``'200GB'``), instead of ``capacity``; the capacity is then
-            ``cache_limit // sample_bytes``.
+            ``cache_limit // sample_bytes - growth`` (the next epoch's
+            samples are fetched while the window is still in use).
         sample_bytes (int | str, optional): Mean bytes per sample (with
             ``cache_limit``).
         shuffle (bool): Shuffle the arrival order and each epoch's window.
@@ -85,6 +98,10 @@ class GrowingWindowSampler(RankShardedSampler):
         rounds (int): Feistel rounds of the permutations (>= 4). Default: 6.
     """
 
+    #: Fast-resume protocol: epochs end, but their lengths differ, so a
+    #: stock checkpoint (``meta.iter`` only) cannot be placed by
+    #: ``divmod(iter, len(dataloader))``: None makes it replay indices.
+    infinite = None
     #: Fast-resume protocol: with the seed and the dataset size, what
     #: defines the stream (``cache_limit`` counts through ``capacity``).
     stream_defining_attrs = ('shuffle', 'round_up', 'rounds', 'initial',
@@ -104,7 +121,8 @@ class GrowingWindowSampler(RankShardedSampler):
         super().__init__(dataset, shuffle, seed, 1, round_up, rounds)
         schedule = GrowingWindow(
             self.size, initial, growth,
-            window_capacity(self.size, capacity, cache_limit, sample_bytes),
+            window_capacity(self.size, growth, capacity, cache_limit,
+                            sample_bytes),
             self.seed, shuffle, rounds)
         self.initial = schedule.initial
         self.growth = schedule.growth

@@ -5,10 +5,14 @@ from collections import Counter
 
 import numpy as np
 import pytest
+from torch.utils.data import DataLoader
 
 from mmdata_plugin.datasets import (GrowingWindow, GrowingWindowSampler,
                                     IndexPermutation, window_capacity)
 from mmdata_plugin.datasets import rank_sharded_sampler as sampler_module
+from mmdata_plugin.engine.runner.data_stream_resumer import DataStreamResumer
+from mmdata_plugin.engine.runner.resumable_iterator import \
+    ResumableDataloaderIterator
 
 
 def _ranks(n, world_size, monkeypatch, **kwargs):
@@ -154,14 +158,15 @@ def test_exposures_count_the_epochs_each_sample_is_trained_on(monkeypatch):
 
 
 def test_capacity_from_a_byte_budget():
-    assert window_capacity(10**6, cache_limit='2GB',
-                           sample_bytes='100KB') == 20_000
-    assert window_capacity(10**6, cache_limit='1GiB',
-                           sample_bytes=2**20) == 1024
-    assert window_capacity(500) == 500
+    # The cache also holds the next epoch's `growth` samples.
+    assert window_capacity(10**6, 1000, cache_limit='2GB',
+                           sample_bytes='100KB') == 19_000
+    assert window_capacity(10**6, 24, cache_limit='1GiB',
+                           sample_bytes=2**20) == 1000
+    assert window_capacity(500, 10) == 500
     sampler = GrowingWindowSampler(
         range(100), 10, 5, cache_limit='3KB', sample_bytes=100, seed=0)
-    assert sampler.capacity == 30
+    assert sampler.capacity == 25
     sampler = GrowingWindowSampler(range(100), 500, 5, seed=0)
     assert (sampler.capacity, sampler.initial) == (100, 100)
 
@@ -171,7 +176,9 @@ def test_capacity_from_a_byte_budget():
     (dict(cache_limit='1GB'), 'needs sample_bytes'),
     (dict(sample_bytes=10), 'only used with cache_limit'),
     (dict(cache_limit='1 parsec', sample_bytes=10), 'cache_limit must be'),
-    (dict(cache_limit=10, sample_bytes='1MB'), 'holds no sample'),
+    (dict(cache_limit=10, sample_bytes='1MB'), 'holds 0 samples'),
+    (dict(cache_limit=20, sample_bytes=10), 'not more than growth=2'),
+    (dict(cache_limit=20, sample_bytes=0), 'at least 1 byte'),
     (dict(capacity=0), 'capacity must be'),
     (dict(growth=-1), 'growth must be'),
     (dict(initial=0), 'initial must be'),
@@ -198,3 +205,51 @@ def test_a_seed_set_after_build_takes_effect(monkeypatch):
     assert list(sampler) == other != first
     assert sampler.window_ids(3).tolist() != GrowingWindow(
         60, **SCHEDULE).window_ids(3).tolist()
+
+
+def _loader(seed, workers):
+    sampler = GrowingWindowSampler(list(range(40)),
+                                   **dict(SCHEDULE, seed=seed))
+    return DataLoader(
+        list(range(40)),
+        batch_size=4,
+        sampler=sampler,
+        num_workers=workers,
+        collate_fn=list)
+
+
+def _read(loader, batches, meta=None, iteration=0):
+    resumer = DataStreamResumer(loader, seed=0, seed_per_sample=False)
+    iterator = ResumableDataloaderIterator(
+        loader, resumer.position, epoch_transition_sleep=0)
+    if meta is not None:
+        resumer.load_checkpoint_meta(meta)
+    report = resumer.resume(iteration)
+    out = []
+    for _ in range(batches):
+        batch = [int(i) for i in next(iterator)]
+        out.append((resumer.position.epoch, batch))
+    return out, resumer.state_dict(), report
+
+
+def test_the_loops_resume_the_window_stream_with_workers():
+    # Windows of 6, 10, 14, 15 ... samples: 2, 3, 4, 4 batches of 4.
+    reference, _, _ = _read(_loader(3, 0), 14)
+    assert [epoch for epoch, _ in reference] == [0] * 2 + [1] * 3 + [
+        2] * 4 + [3] * 4 + [4]
+    window = GrowingWindow(40, **SCHEDULE)
+    for epoch in range(4):
+        assert sorted(i for e, batch in reference if e == epoch
+                      for i in batch) == sorted(
+                          window.window_ids(epoch).tolist())
+    _, state, _ = _read(_loader(3, 2), 7)
+    assert (state['epoch'], state['samples_in_epoch']) == (2, 8)
+    rest, _, report = _read(
+        _loader(99, 2), 7, dict(data_position=state), iteration=7)
+    assert report.strategy == 'fast_forward'
+    assert rest == reference[7:]
+    # A stock checkpoint (meta.iter and meta.seed only): epochs differ in
+    # length, so the stream is replayed from its start, indices only.
+    rest, _, report = _read(_loader(99, 2), 7, dict(seed=3), iteration=7)
+    assert report.strategy == 'stream_replay'
+    assert rest == reference[7:]
