@@ -1,5 +1,6 @@
-"""GrowingWindowSampler through tools/train.py: 2 ranks (torchrun) with
-workers, an exact resume mid-epoch, and a world-size change 2 -> 1.
+"""GrowingWindowSampler in the fast-resume loops: in-process epoch-based
+runs, and through tools/train.py 2 ranks (torchrun) with workers, an exact
+resume mid-epoch, and a world-size change 2 -> 1.
 
 The demo config with the sampler swapped: windows of 16, 24, 32, 32 ...
 samples of the 64 demo images, so the checkpoint at iteration 4 (2 ranks,
@@ -12,6 +13,7 @@ import sys
 
 import numpy as np
 import pytest
+from fast_resume_toys import make_runner, recorder_of
 from helpers import DEMO_CONFIG, REPO_ROOT, TRAIN_SCRIPT
 
 from mmdata_plugin.datasets import GrowingWindow
@@ -21,6 +23,30 @@ from mmdata_plugin.utils.checkpoint_safety import load_from_local_safely
 BATCH = 4
 WINDOW = dict(initial=16, growth=8, capacity=32)
 NUM_TRAIN = 64  # the demo set of tests/conftest.py
+
+
+@pytest.mark.parametrize('checkpoint', ['iter_4.pth', 'iter_8.pth'])
+def test_epoch_loop_resumes_mid_epoch_of_varying_length(tmp_path,
+                                                        checkpoint):
+    # 23 toy samples, windows of 6, 10, 14, 15: 2, 3, 4, 4 batches of 4, so
+    # iter_4 is batch 2 of epoch 1 and iter_8 batch 3 of epoch 2.
+    cfg = dict(type='FastResumeEpochBasedTrainLoop', max_epochs=4)
+    sampler = dict(
+        type='GrowingWindowSampler', initial=6, growth=4, capacity=15)
+
+    def train(name, resume_from=None):
+        work_dir = tmp_path / name
+        work_dir.mkdir()
+        runner = make_runner(
+            work_dir, cfg, sampler=sampler, num_workers=2,
+            resume_from=resume_from)
+        runner.train()
+        return recorder_of(runner), work_dir
+
+    full, work_dir = train('full')
+    assert len(full.iterations) == 2 + 3 + 4 + 4
+    resumed, _ = train('resumed', str(work_dir / checkpoint))
+    assert resumed.iterations == full.iterations[int(checkpoint[5:-4]):]
 
 
 @pytest.fixture(scope='module')
