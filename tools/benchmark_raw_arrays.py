@@ -194,8 +194,8 @@ def report(datasets: Dict[str, ImageListDataset], args, shape) -> None:
           f'{"vs np.load":>12}')
     for name, values in rates.items():
         median = statistics.median(values)
-        print(f'{name:<22}{median:>12.0f}{min(values):>9.0f}'
-              f'{max(values):>9.0f}{median / base:>11.2f}x')
+        print(f'{name:<22}{median:>12.1f}{min(values):>9.1f}'
+              f'{max(values):>9.1f}{median / base:>11.2f}x')
     ours = statistics.median(rates['LoadNumpyFromFile'])
     verdict = 'met' if ours >= GOAL_MB_S else 'NOT met'
     print(f'goal: >= {GOAL_MB_S:.0f} MB/s with {args.workers} workers -> '
