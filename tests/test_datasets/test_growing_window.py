@@ -5,29 +5,20 @@ from collections import Counter
 
 import numpy as np
 import pytest
+from test_rank_sharded_sampler import _epoch
+from test_rank_sharded_sampler import _ranks as simulated_ranks
 from torch.utils.data import DataLoader
 
 from mmdata_plugin.datasets import (GrowingWindow, GrowingWindowSampler,
                                     IndexPermutation, window_capacity)
-from mmdata_plugin.datasets import rank_sharded_sampler as sampler_module
 from mmdata_plugin.engine.runner.data_stream_resumer import DataStreamResumer
 from mmdata_plugin.engine.runner.resumable_iterator import \
     ResumableDataloaderIterator
 
 
 def _ranks(n, world_size, monkeypatch, **kwargs):
-    samplers = []
-    for rank in range(world_size):
-        monkeypatch.setattr(sampler_module, 'get_dist_info',
-                            lambda rank=rank: (rank, world_size))
-        samplers.append(GrowingWindowSampler(range(n), **kwargs))
-    return samplers
-
-
-def _epoch(samplers, epoch):
-    for sampler in samplers:
-        sampler.set_epoch(epoch)
-    return [list(sampler) for sampler in samplers]
+    return simulated_ranks(GrowingWindowSampler, n, world_size, monkeypatch,
+                           **kwargs)
 
 
 def _global_stream(n, epoch, monkeypatch, **kwargs):
