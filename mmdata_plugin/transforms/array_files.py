@@ -3,9 +3,10 @@
 ``np.load`` of a pickle, or returning a numpy array from a DataLoader
 worker, makes Python serialise the bytes twice (pickle in the worker,
 unpickle in the training process, both holding the GIL). Here the file is
-read with one ``readinto`` into the storage of a tensor that already lives
-in shared memory: the worker hands the training process a handle, and the
-bytes are never copied by Python or pickled.
+copied by the kernel (``sendfile``) into a shared-memory segment that
+becomes the tensor's storage (elsewhere: one ``readinto`` into a tensor
+allocated in shared memory): the worker hands the training process a
+handle, and the bytes are never copied by Python or pickled.
 
 Only the ``.npy`` header (a short dict literal, parsed by numpy's
 ``format`` module with ``ast.literal_eval``) is interpreted; object arrays,
@@ -106,16 +107,48 @@ def _shape_matches(actual: Tuple[int, ...], declared: Sequence[int]) -> bool:
         d == -1 or d == a for a, d in zip(actual, declared))
 
 
-def _empty_shared(nbytes: int) -> torch.UntypedStorage:
-    """An uninitialised storage allocated in shared memory.
+def _kernel_copied_shared(file, offset: int, nbytes: int,
+                          shown: str) -> Optional[torch.UntypedStorage]:
+    """``nbytes`` of ``file`` from ``offset`` in a new shared segment, copied
+    by the kernel (``sendfile`` into a memfd): no zeroing of the segment
+    and no pass over the bytes in user space. None where the platform or
+    the file system cannot (then :func:`_read_into_shared`)."""
+    if not hasattr(os, 'memfd_create'):
+        return None
+    segment = os.memfd_create('mmdata_array', os.MFD_CLOEXEC)
+    try:
+        os.ftruncate(segment, nbytes)
+        done = 0
+        while done < nbytes:
+            try:
+                count = os.sendfile(segment, file.fileno(), offset + done,
+                                    nbytes - done)
+            except OSError:
+                return None  # e.g. a file system without splice support
+            if not count:
+                raise _changed_while_read(shown, done, nbytes)
+            done += count
+        # torch's public API cannot wrap an existing segment; the
+        # DataLoader's own receiving side (``rebuild_storage_fd``) uses this
+        # constructor. The storage keeps its fd, so a worker hands it on by
+        # fd, without the copy ``share_memory_()`` would make.
+        return torch.UntypedStorage._new_shared_fd_cpu(segment, nbytes)
+    finally:
+        os.close(segment)
+
+
+def _read_into_shared(file, offset: int, nbytes: int,
+                      shown: str) -> torch.UntypedStorage:
+    """The portable path: ``readinto`` a segment torch allocates shared.
 
     torch's public ``share_memory_()`` moves an existing storage into shared
-    memory by copying it, a second pass over every byte; DataLoader's own
-    collate allocates its shared batches with this private constructor for
-    the same reason. Isolated here; tested by
-    tests/test_transforms/test_load_numpy_from_file.py.
+    memory by copying it; DataLoader's collate allocates its shared batches
+    with this private constructor for the same reason.
     """
-    return torch.UntypedStorage._new_shared(nbytes)
+    storage = torch.UntypedStorage._new_shared(nbytes)
+    file.seek(offset)
+    _read_fully(file, memoryview(_storage_bytes(storage)), shown)
+    return storage
 
 
 def read_array(path: str,
@@ -160,11 +193,14 @@ def read_array(path: str,
                 f'array of shape {layout.shape}, which takes {nbytes} '
                 f'bytes ({"truncated" if available < nbytes else "too long"})'
             )
-        storage = (
-            _empty_shared(nbytes)
-            if shared and nbytes else torch.UntypedStorage(nbytes))
-        file.seek(layout.offset)
-        _read_fully(file, memoryview(_storage_bytes(storage)), shown)
+        if shared and nbytes:
+            storage = _kernel_copied_shared(
+                file, layout.offset, nbytes, shown) or _read_into_shared(
+                    file, layout.offset, nbytes, shown)
+        else:
+            storage = torch.UntypedStorage(nbytes)
+            file.seek(layout.offset)
+            _read_fully(file, memoryview(_storage_bytes(storage)), shown)
     return _as_tensor(storage, layout)
 
 
@@ -172,15 +208,19 @@ def _storage_bytes(storage: torch.UntypedStorage) -> np.ndarray:
     return torch.tensor([], dtype=torch.uint8).set_(storage).numpy()
 
 
-def _read_fully(file, buffer: memoryview, path: str) -> None:
+def _read_fully(file, buffer: memoryview, shown: str) -> None:
     done = 0
     while done < len(buffer):
         count = file.readinto(buffer[done:])
         if not count:
-            raise ArrayFileError(
-                f'{path}: the file ended after {done} of {len(buffer)} data '
-                'bytes (it changed while being read)')
+            raise _changed_while_read(shown, done, len(buffer))
         done += count
+
+
+def _changed_while_read(shown: str, done: int, nbytes: int) -> ArrayFileError:
+    return ArrayFileError(
+        f'{shown}: the file ended after {done} of {nbytes} data bytes (it '
+        'changed while being read)')
 
 
 def _as_tensor(storage: torch.UntypedStorage,

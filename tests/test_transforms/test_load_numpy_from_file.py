@@ -213,3 +213,25 @@ def test_pickled_baseline_is_what_we_replace(tmp_path):
                                       read_array(str(tmp_path /
                                                      'a.npy')).numpy())
     assert os.path.getsize(tmp_path / 'a.npy') >= array.nbytes
+
+
+@pytest.mark.parametrize('path_taken', ['sendfile', 'readinto'])
+def test_shared_reads_are_handed_over_without_a_copy(tmp_path, monkeypatch,
+                                                     path_taken):
+    if path_taken == 'readinto':
+        # A platform or file system without memfd/sendfile.
+        def no_sendfile(*args):
+            raise OSError(22, 'Invalid argument')
+
+        monkeypatch.setattr(os, 'sendfile', no_sendfile)
+    array = np.random.default_rng(0).random((64, 33))
+    np.save(tmp_path / 'a.npy', array)
+    tensor = read_array(str(tmp_path / 'a.npy'), shared=True)
+    np.testing.assert_array_equal(tensor.numpy(), array)
+    storage = tensor.untyped_storage()
+    before = storage.data_ptr()
+    # What a DataLoader worker's pickler calls (torch's file_descriptor
+    # strategy): a storage that is not in a shared segment with a kept fd
+    # would be copied into a new one here.
+    storage._share_fd_cpu_()
+    assert storage.data_ptr() == before
