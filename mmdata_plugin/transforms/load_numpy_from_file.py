@@ -87,6 +87,11 @@ class LoadNumpyFromFile(BaseTransform):
             path, backend_args=self.backend_args)
         if isinstance(backend, LocalBackend):
             return contextlib.nullcontext(path)
+        if not hasattr(backend, 'get_local_path'):
+            raise TypeError(
+                f'LoadNumpyFromFile reads files in place, but {path} is '
+                f'served by {type(backend).__name__}, which has no '
+                'get_local_path (a local copy to read)')
         return backend.get_local_path(path)
 
     def __repr__(self) -> str:

@@ -9,6 +9,7 @@ import threading
 import numpy as np
 import pytest
 import torch
+from mmengine.fileio import BaseStorageBackend, register_backend
 from mmengine.registry import TRANSFORMS
 from torch.utils.data import DataLoader
 
@@ -235,3 +236,22 @@ def test_shared_reads_are_handed_over_without_a_copy(tmp_path, monkeypatch,
     # would be copied into a new one here.
     storage._share_fd_cpu_()
     assert storage.data_ptr() == before
+
+
+class _BytesOnlyBackend(BaseStorageBackend):
+    """A fileio backend that serves bytes but no local copy (like LMDB)."""
+
+    def get(self, filepath):
+        return b''
+
+    def get_text(self, filepath, encoding='utf-8'):
+        return ''
+
+
+def test_a_backend_without_local_copies_is_named():
+    register_backend(
+        'test_bytes_only', _BytesOnlyBackend, force=True,
+        prefixes='bytesonly')
+    with pytest.raises(TypeError, match='bytesonly://x/a.npy is served by '
+                       '_BytesOnlyBackend, which has no get_local_path'):
+        LoadNumpyFromFile()(dict(img_path='bytesonly://x/a.npy'))
