@@ -15,10 +15,11 @@ from .array_files import read_array
 class LoadNumpyFromFile(BaseTransform):
     """Load an ``.npy`` or raw array file into a tensor at disk speed.
 
-    The file is read with one ``readinto`` into a tensor allocated in
-    shared memory (in a DataLoader worker), so it reaches the training
-    process as a shared-memory handle: no pickling, no ``np.load``
-    deserialisation, no copy by Python. ``.npy`` files are read by their
+    In a DataLoader worker the kernel copies the array's bytes into a new
+    shared-memory segment that becomes the tensor's storage (``sendfile``
+    into a memfd; elsewhere one ``readinto`` into a tensor allocated in
+    shared memory), so it reaches the training process as a shared-memory
+    handle: no pickling, no ``np.load`` deserialisation, no copy by Python. ``.npy`` files are read by their
     header (dtype, shape, Fortran order, byte order); other files as raw
     bytes of the configured ``dtype`` and ``shape``. Object arrays (which
     need pickle) are refused, as are truncated files and files whose header
