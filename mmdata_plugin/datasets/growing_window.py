@@ -159,29 +159,43 @@ class GrowingWindow:
 
     # What the model sees.
 
-    def exposures(self, epochs: int) -> np.ndarray:
-        """How often each sample is trained on in epochs ``0..epochs-1``.
+    def exposures(self,
+                  epochs: int,
+                  arrivals: Optional[np.ndarray] = None) -> np.ndarray:
+        """How often samples are trained on in epochs ``0..epochs-1``.
+
+        Arrival position ``a`` is in the windows of epochs
+        ``e_in(a) .. e_out(a)``::
+
+            e_in(a)  = 0 if a < initial else (a - initial) // growth + 1
+            e_out(a) = (a + capacity - initial) // growth
+
+        Args:
+            epochs (int): Epochs trained.
+            arrivals (np.ndarray, optional): Arrival positions to count,
+                each on its own (O(len) memory, for large datasets).
 
         Returns:
-            np.ndarray: ``counts[r]`` for the r-th sample of the arrival
-            order (``arrival_ids(r)`` is its id), with one rank and no
-            padding. Sample at arrival position ``a`` is in epochs
-            ``e_in(a) .. e_out(a)``::
-
-                e_in(a)  = 0 if a < initial else (a - initial) // growth + 1
-                e_out(a) = (a + capacity - initial) // growth
+            np.ndarray: Counts (one rank, no padding): per given arrival
+            position, or by default ``counts[r]`` for the r-th sample of
+            the arrival order (``arrival_ids(r)`` is its id), summed over
+            the times the order comes round (O(N) memory).
         """
-        if epochs <= 0:
-            return np.zeros(self.size, np.int64)
-        counts = np.zeros(self.size, np.int64)
         last = epochs - 1
-        for cycle_start in range(0, self.frontier(last), self.size):
-            arrivals = cycle_start + np.arange(self.size, dtype=np.int64)
-            counts += self._epochs_in_window(arrivals, last)
+        if arrivals is not None:
+            return self._epochs_in_window(
+                np.asarray(arrivals, np.int64), last)
+        counts = np.zeros(self.size, np.int64)
+        for cycle_start in range(0, max(self.frontier(max(last, 0)), 1),
+                                 self.size):
+            cycle = cycle_start + np.arange(self.size, dtype=np.int64)
+            counts += self._epochs_in_window(cycle, last)
         return counts
 
     def _epochs_in_window(self, arrivals: np.ndarray,
                           last: int) -> np.ndarray:
+        if last < 0:
+            return np.zeros(arrivals.shape, np.int64)
         if self.growth == 0:
             inside = arrivals < self.initial
             return np.where(inside, last + 1, 0)

@@ -137,6 +137,16 @@ def test_exposures_count_the_epochs_each_sample_is_trained_on(monkeypatch):
     assert exposures.sum() == sum(
         window.window_size(e) for e in range(epochs))
     assert not window.exposures(0).any()
+    # Per arrival position (no N-sized array): the first cycle's counts,
+    # and the closed form's examples of docs/growing_window.md.
+    first = window.exposures(epochs, np.arange(30))
+    assert (first <= exposures).all() and first.sum() < exposures.sum()
+    big = GrowingWindow(10**9, 50_000, 50_000, 200_000)
+    assert big.exposures(12, np.array([0, 49_999, 450_000, 550_000,
+                                       600_000])).tolist() == [4, 4, 3, 1, 0]
+    no_cap = GrowingWindow(10**9, 50_000, 50_000, 10**9)
+    assert no_cap.exposures(12, np.array([0, 60_000,
+                                          599_999])).tolist() == [12, 11, 1]
 
 
 def test_capacity_from_a_byte_budget():
