@@ -1,4 +1,3 @@
-from .byte_sizes import parse_byte_size
 from .checkpoint_safety import (TRUSTED_CHECKPOINTS_ENV, UnsafeCheckpointError,
                                 install_safe_checkpoint_loading,
                                 load_from_local_safely, trust_checkpoint)
@@ -10,7 +9,7 @@ from .seeding import mix_seed, preserved_global_rngs, seed_global_rngs
 from .synthetic_images import camera_like_image, encode_jpeg
 
 __all__ = [
-    'parse_byte_size', 'TRUSTED_CHECKPOINTS_ENV', 'UnsafeCheckpointError',
+    'TRUSTED_CHECKPOINTS_ENV', 'UnsafeCheckpointError',
     'install_safe_checkpoint_loading', 'load_from_local_safely',
     'trust_checkpoint', 'make_demo_dataset', 'prepare_distributed',
     'SampleIndex', 'with_fields', 'PixelDifference', 'pixel_difference',

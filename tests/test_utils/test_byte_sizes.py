@@ -1,7 +1,7 @@
 """Byte counts as configs write them."""
 import pytest
 
-from mmdata_plugin.utils import parse_byte_size
+from mmdata_plugin.utils.byte_sizes import parse_byte_size
 
 
 @pytest.mark.parametrize('value, expected', [
