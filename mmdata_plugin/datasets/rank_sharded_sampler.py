@@ -214,11 +214,16 @@ class RankShardedSampler(_RankStream):
         super().__init__(dataset, shuffle, seed, mini_epochs, rounds)
         self.round_up = round_up
         self.epoch = 0
-        if round_up:
-            per_rank = math.ceil(
-                math.ceil(self.size / mini_epochs) / self.world_size)
+        self._size_epoch(
+            math.ceil(self.size / mini_epochs) if round_up else self.size //
+            mini_epochs)
+
+    def _size_epoch(self, length: int) -> None:
+        """Per-rank and padded counts of an epoch of ``length`` positions."""
+        if self.round_up:
+            per_rank = math.ceil(length / self.world_size)
         else:
-            per_rank = self.size // mini_epochs // self.world_size
+            per_rank = length // self.world_size
         self.num_samples = per_rank
         self.total_size = per_rank * self.world_size
 
@@ -232,14 +237,18 @@ class RankShardedSampler(_RankStream):
 
     def __iter__(self) -> Iterator[int]:
         start = self._take_start()
-        perm_epoch, part = divmod(self.epoch, self.mini_epochs)
-        lo, hi = self._part_bounds(part)
         count = max(0, -(-(self.total_size - start) // self.world_size))
         first = start + self.rank
         yield from self._yield_ids(
-            count, lambda a, b: self._ids(
-                perm_epoch, lo +
-                (first + self.world_size * np.arange(a, b)) % (hi - lo)))
+            count, lambda a, b: self._epoch_ids(first + self.world_size *
+                                                np.arange(a, b)))
+
+    def _epoch_ids(self, positions: np.ndarray) -> np.ndarray:
+        """Ids at global ``positions`` of the current epoch; positions past
+        its end (rank padding) wrap around to its start."""
+        perm_epoch, part = divmod(self.epoch, self.mini_epochs)
+        lo, hi = self._part_bounds(part)
+        return self._ids(perm_epoch, lo + positions % (hi - lo))
 
 
 @DATA_SAMPLERS.register_module()

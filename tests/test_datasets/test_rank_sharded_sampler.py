@@ -118,6 +118,12 @@ def test_fast_forward_continues_the_epoch_across_world_sizes(
         monkeypatch,
         seed=seed,
         mini_epochs=mini_epochs)
+    check_fast_forward(resumed, stream, epoch, consumed)
+
+
+def check_fast_forward(resumed, stream, epoch, consumed):
+    """``resumed`` (simulated ranks), fast-forwarded to ``consumed`` in
+    ``epoch``, continue the global ``stream`` of that (mini-)epoch."""
     for sampler in resumed:
         sampler.set_epoch(epoch)
         sampler.fast_forward(consumed)
@@ -126,7 +132,7 @@ def test_fast_forward_continues_the_epoch_across_world_sizes(
     for rank, ids in enumerate(per_rank):
         # Rank r continues at stream positions consumed + r + k * W.
         assert ids == [
-            stream[(consumed + rank + k * new_world) % len(stream)]
+            stream[(consumed + rank + k * len(resumed)) % len(stream)]
             for k in range(len(ids))
         ]
     # Before + after = the whole mini-epoch.
