@@ -17,7 +17,8 @@ from typing import (BinaryIO, Callable, Generator, Iterator, Optional, Tuple,
 
 from mmengine.fileio.backends import BaseStorageBackend
 
-from .errors import RemoteChangedError, RemoteNotFoundError, RetryableError
+from .errors import (RemoteChangedError, RemoteIOError, RemoteNotFoundError,
+                     RetryableError)
 from .retry import RetryPolicy
 
 # Bytes per read of a streamed body.
@@ -134,13 +135,15 @@ class RemoteBackend(BaseStorageBackend):
                  span: Optional[Tuple[int, int]] = None) -> RemoteStat:
         """Stream the object (or ``span=(start, length)`` of it) into a file.
 
-        ``fileobj`` must be seekable: a retry rewinds it to where it was and
-        truncates, so it never holds bytes of two attempts. A body shorter
-        than its ``Content-Length`` is retried, never returned.
+        ``fileobj`` only needs ``write``. A body cut short (timeout, reset,
+        fewer bytes than its ``Content-Length``) is resumed with a range
+        request from the first missing byte, and only if the object still
+        has the size and ETag of the first answer; so the file ends up with
+        exactly the object's bytes, or the call raises.
 
         Args:
             filepath: The URL.
-            fileobj: Binary, writable and seekable.
+            fileobj: A binary sink (``write``).
             expect (RemoteStat, optional): The size/ETag the object must
                 still have (e.g. from :meth:`stat` or a cache's record).
             span (tuple, optional): ``(start, length)`` of a range read.
@@ -149,55 +152,65 @@ class RemoteBackend(BaseStorageBackend):
             RemoteStat: The object's size and ETag as served.
 
         Raises:
-            RemoteChangedError: ``expect`` does not match.
+            RemoteChangedError: The object is not ``expect`` or changed
+                between attempts.
             RemoteNotFoundError, RemoteAccessDeniedError, RemoteIOError:
                 Final answers of the server.
             RemoteUnavailableError: Every attempt failed retryably.
         """
         url = str(filepath)
-        origin = fileobj.tell()
-
-        def rewind() -> None:
-            fileobj.seek(origin)
-            fileobj.truncate()
+        progress = _Progress(url, span)
 
         def attempt() -> RemoteStat:
             self.requests_made += 1
-            body = self._open(url, span)
+            body = self._open(url, progress.next_span())
             complete = False
             try:
-                _check_expected(url, body, expect)
-                self._copy(url, body, span, fileobj)
+                _check_expected(url, body, expect or progress.stat)
+                if progress.stat is None:
+                    progress.stat = RemoteStat(body.size, body.etag)
+                self._copy(url, body, progress, fileobj)
                 complete = True
             finally:
                 body.close(complete)
-            return RemoteStat(body.size, body.etag)
+            return progress.stat
 
-        return self.retry.call(attempt, url, on_retry=rewind)
+        return self.retry.call(attempt, url)
 
-    def _copy(self, url: str, body: RemoteBody,
-              span: Optional[Tuple[int, int]], fileobj: BinaryIO) -> None:
+    def _copy(self, url: str, body: RemoteBody, progress: '_Progress',
+              fileobj: BinaryIO) -> None:
         # A server may answer a range request with the whole object (200):
-        # keep only the requested window of it. hi=None: to the end.
-        lo, hi = (span[0], span[0] + span[1]) if span else (0, None)
+        # keep only the wanted window [progress.position, progress.end).
+        if body.start > progress.position:
+            raise RemoteIOError(
+                url, f'asked for bytes from {progress.position}, the server '
+                f'sent bytes from {body.start}')
+        end = progress.end
         position = body.start
         received = 0
-        for chunk in body.chunks:
-            received += len(chunk)
-            end = position + len(chunk)
-            if end > lo and (hi is None or position < hi):
-                fileobj.write(chunk[max(lo - position, 0):None if hi is None
-                                    else hi - position])
-            position = end
-        self.bytes_read += received
-        if body.length is not None and received != body.length:
+        try:
+            for chunk in body.chunks:
+                received += len(chunk)
+                chunk_end = position + len(chunk)
+                if chunk_end > progress.position and (end is None
+                                                      or position < end):
+                    piece = chunk[progress.position -
+                                  position:None if end is None else end -
+                                  position]
+                    fileobj.write(piece)
+                    progress.position += len(piece)
+                position = chunk_end
+        finally:
+            self.bytes_read += received
+        needed = progress.needed()
+        if needed is not None:
+            if progress.position < needed:
+                raise RetryableError(
+                    f'truncated body: {received} of {body.length} bytes, '
+                    f'ended at byte {progress.position} of {needed}')
+        elif body.length is not None and received != body.length:
             raise RetryableError(
                 f'truncated body: {received} of {body.length} bytes')
-        if body.size >= 0:
-            needed = body.size if hi is None else min(hi, body.size)
-            if position < needed:
-                raise RetryableError(
-                    f'truncated body: ended at byte {position} of {needed}')
 
     def get(self, filepath: Union[str, os.PathLike]) -> bytes:
         buffer = io.BytesIO()
@@ -254,6 +267,39 @@ class RemoteBackend(BaseStorageBackend):
             yield path
         finally:
             os.remove(path)
+
+
+class _Progress:
+    """How far a download got, so a retry resumes instead of restarting."""
+
+    def __init__(self, url: str, span: Optional[Tuple[int, int]]) -> None:
+        self.url = url
+        self.span = span
+        self.position = span[0] if span else 0
+        self.stat: Optional[RemoteStat] = None
+
+    @property
+    def end(self) -> Optional[int]:
+        """Offset after the last wanted byte; None: the object's end."""
+        return self.span[0] + self.span[1] if self.span else None
+
+    def needed(self) -> Optional[int]:
+        """Where the download is complete (None: unknown size)."""
+        size = self.stat.size if self.stat and self.stat.size >= 0 else None
+        if self.end is None:
+            return size
+        return self.end if size is None else min(self.end, size)
+
+    def next_span(self) -> Optional[Tuple[int, int]]:
+        """The range to ask for now: None (whole object) on a first try."""
+        if self.stat is None or self.stat.size < 0:
+            if self.position != (self.span[0] if self.span else 0):
+                raise RemoteIOError(
+                    self.url, 'the connection broke and the server sent no '
+                    'size, so the download cannot resume')
+            return self.span
+        needed = self.needed()
+        return (self.position, needed - self.position)
 
 
 def _check_expected(url: str, body: RemoteBody,
