@@ -5,6 +5,7 @@ a missing object is a ``FileNotFoundError`` (``LoadImageFromFile``'s
 ``ignore_empty`` and ``exists()`` checks keep working), refused credentials
 a ``PermissionError``, and all of them ``OSError``.
 """
+from typing import Optional
 
 
 class RemoteIOError(OSError):
@@ -12,13 +13,19 @@ class RemoteIOError(OSError):
 
     Args:
         url (str): The object.
-        reason (str): What happened, said for a user.
+        reason (str, optional): What happened, said for a user. Without it
+            ``url`` is taken as the whole message: a DataLoader re-raises a
+            worker's error in the main process with its formatted traceback
+            as the only argument, and the type survives that way.
     """
 
-    def __init__(self, url: str, reason: str) -> None:
-        super().__init__(f'{reason}: {url}')
-        self.url = url
+    def __init__(self, url: str, reason: Optional[str] = None) -> None:
+        super().__init__(url if reason is None else f'{reason}: {url}')
+        self.url = None if reason is None else url
         self.reason = reason
+
+    def __str__(self) -> str:
+        return self.args[0]
 
     def __reduce__(self):
         # Errors raised in DataLoader workers cross to the main process by

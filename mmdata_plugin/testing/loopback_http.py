@@ -376,11 +376,11 @@ class _Server(http.server.ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, owner: 'LoopbackHTTPServer') -> None:
+    def __init__(self, owner: 'LoopbackHTTPServer', port: int) -> None:
         self.owner = owner
         self._connections = set()
         self._connections_lock = threading.Lock()
-        super().__init__(('127.0.0.1', 0), _Handler)
+        super().__init__(('127.0.0.1', port), _Handler)
 
     def process_request(self, request, client_address):
         with self._connections_lock:
@@ -429,6 +429,7 @@ class LoopbackHTTPServer:
         idle_timeout (float): Seconds an idle keep-alive connection is kept.
         max_lifetime (float): Seconds after which the server stops by
             itself, a bound for runs that forget to stop it. Default: 3600.
+        port (int): Port on 127.0.0.1; 0 (default) picks a free one.
 
     Example:
         >>> with LoopbackHTTPServer({'a.bin': b'xyz'}, latency=0.05) as srv:
@@ -446,7 +447,8 @@ class LoopbackHTTPServer:
                  stall: float = 5.0,
                  required_headers: Optional[Dict[str, str]] = None,
                  idle_timeout: float = 60.0,
-                 max_lifetime: float = 3600.0) -> None:
+                 max_lifetime: float = 3600.0,
+                 port: int = 0) -> None:
         self.objects = _Objects(source)
         self.latency = latency
         self.bucket = TokenBucket(bandwidth) if bandwidth else None
@@ -455,6 +457,7 @@ class LoopbackHTTPServer:
         self.required_headers = dict(required_headers or {})
         self.idle_timeout = idle_timeout
         self.max_lifetime = max_lifetime
+        self._port = port
         self._stop = threading.Event()
         self._stats = ServerStats()
         self._attempts: Counter = Counter()
@@ -469,7 +472,7 @@ class LoopbackHTTPServer:
         if self._server is not None:
             raise RuntimeError('the loopback server is already running')
         self._stop.clear()
-        self._server = _Server(self)
+        self._server = _Server(self, self._port)
         self._thread = threading.Thread(
             target=self._server.serve_forever,
             kwargs=dict(poll_interval=0.1),
@@ -498,6 +501,10 @@ class LoopbackHTTPServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+    @property
+    def running(self) -> bool:
+        return self._server is not None
 
     # -- addresses and content ---------------------------------------------
     @property
@@ -574,3 +581,41 @@ class LoopbackHTTPServer:
     def _leave(self) -> None:
         with self._lock:
             self._active -= 1
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    """Serve a folder on 127.0.0.1 until Ctrl-C or ``--lifetime`` ends."""
+    import argparse
+    parser = argparse.ArgumentParser(
+        description='Serve a folder over HTTP on 127.0.0.1 with injected '
+        'latency, a bandwidth cap and faults (a stand-in remote store).')
+    parser.add_argument('root', help='folder to serve')
+    parser.add_argument('--port', type=int, default=0)
+    parser.add_argument('--latency', type=float, default=0.0,
+                        help='seconds per request')
+    parser.add_argument('--bandwidth', type=float, default=None,
+                        help='bytes/s shared by all connections')
+    parser.add_argument('--fault-rate', type=float, default=0.0)
+    parser.add_argument('--seed', type=int, default=0)
+    parser.add_argument('--lifetime', type=float, default=3600.0,
+                        help='stop after this many seconds')
+    args = parser.parse_args(argv)
+    server = LoopbackHTTPServer(
+        args.root,
+        latency=args.latency,
+        bandwidth=args.bandwidth,
+        fault_rate=args.fault_rate,
+        seed=args.seed,
+        max_lifetime=args.lifetime,
+        port=args.port)
+    with server:
+        print(server.base_url, flush=True)
+        try:
+            while server.running:
+                time.sleep(0.5)
+        except KeyboardInterrupt:
+            pass
+
+
+if __name__ == '__main__':
+    main()
