@@ -353,7 +353,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                     owner.bucket.consume(n, owner._stop)
                 chunk = read(start + sent, n)
                 sent += n
-                owner._count_body(key, n, complete=sent == full_length)
+                owner._count_body(key, n, full_length,
+                                  complete=sent == full_length)
                 self.wfile.write(chunk)
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
@@ -430,6 +431,9 @@ class LoopbackHTTPServer:
         max_lifetime (float): Seconds after which the server stops by
             itself, a bound for runs that forget to stop it. Default: 3600.
         port (int): Port on 127.0.0.1; 0 (default) picks a free one.
+        log_downloads (bool): Keep ``(time.time(), path, bytes)`` of every
+            complete GET body (:meth:`download_log`), to split counts by
+            period (e.g. per epoch). Default: False.
 
     Example:
         >>> with LoopbackHTTPServer({'a.bin': b'xyz'}, latency=0.05) as srv:
@@ -448,7 +452,8 @@ class LoopbackHTTPServer:
                  required_headers: Optional[Dict[str, str]] = None,
                  idle_timeout: float = 60.0,
                  max_lifetime: float = 3600.0,
-                 port: int = 0) -> None:
+                 port: int = 0,
+                 log_downloads: bool = False) -> None:
         self.objects = _Objects(source)
         self.latency = latency
         self.bucket = TokenBucket(bandwidth) if bandwidth else None
@@ -458,6 +463,7 @@ class LoopbackHTTPServer:
         self.idle_timeout = idle_timeout
         self.max_lifetime = max_lifetime
         self._port = port
+        self._log: Optional[list] = [] if log_downloads else None
         self._stop = threading.Event()
         self._stats = ServerStats()
         self._attempts: Counter = Counter()
@@ -543,6 +549,15 @@ class LoopbackHTTPServer:
     def reset_stats(self) -> None:
         with self._lock:
             self._stats = ServerStats()
+            if self._log is not None:
+                self._log = []
+
+    def download_log(self) -> list:
+        """``[(time.time(), path, bytes), ...]`` of complete GET bodies."""
+        if self._log is None:
+            raise RuntimeError('start the server with log_downloads=True')
+        with self._lock:
+            return list(self._log)
 
     def _count_request(self, method: str, key: str) -> int:
         with self._lock:
@@ -565,12 +580,16 @@ class LoopbackHTTPServer:
         with self._lock:
             self._stats.faults[kind] += 1
 
-    def _count_body(self, key: str, nbytes: int, complete: bool) -> None:
+    def _count_body(self, key: str, nbytes: int, body_size: int,
+                    complete: bool) -> None:
         with self._lock:
             self._stats.bytes_sent += nbytes
             self._stats.bytes_per_path[key] += nbytes
             if complete:
                 self._stats.downloads[key] += 1
+                if self._log is not None:
+                    self._log.append(
+                        (time.time(), key, body_size))
 
     def _enter(self) -> None:
         with self._lock:
