@@ -25,9 +25,11 @@
 # epoch, p99 batch wait, remote MB per epoch and over the data set size,
 # hit rate (reads not served by a download), duplicate downloads (a sample
 # downloaded more than once within one epoch), peak bytes on disk over the
-# budget, wrong samples (must be 0). Uncached remote readers are bound at
-# ranks x workers / latency samples/s, so every epoch is time-boxed
-# (--time-box); a cut epoch is marked '*', its rate stays a measured one.
+# budget, wrong samples (must be 0). Readers without a planner are bound at
+# ranks x workers / latency samples/s (one request in flight per worker), so
+# they read a subset of the data set sized to take --time-box seconds per
+# epoch at that bound (the "set" column); an epoch still running after 3x
+# that is cut and marked '*' (its rate stays a measured one).
 import argparse
 import contextlib
 import importlib.util
@@ -74,18 +76,21 @@ def parse_args(argv=None):
                         help='comma-separated subset of ' +
                         ','.join(BASELINES) + ',ours')
     parser.add_argument('--time-box', type=float, default=120,
-                        help='seconds after which an epoch is cut')
+                        help='seconds per epoch that sizes the subset read '
+                        'by readers without a planner')
     parser.add_argument('--check-installable', action='store_true',
                         help='run pip install --dry-run for litdata/mosaic '
                         'when they are not installed (network or index)')
     parser.add_argument('--quick', action='store_true',
-                        help='2000 samples, 25%% budget, 6 s time box')
+                        help='2000 samples, 25%% budget, 6 s time box, '
+                        'no fsspec')
     parser.add_argument(
         '--work-dir',
         default=osp.join(tempfile.gettempdir(), 'mmdata_benchmark_remote'))
     parser.add_argument('--rank-run', help=argparse.SUPPRESS)
     parser.add_argument('--root', help=argparse.SUPPRESS)
     parser.add_argument('--reader', help=argparse.SUPPRESS)
+    parser.add_argument('--subset', type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.quick:
         args.samples = min(args.samples, 2000)
@@ -184,26 +189,38 @@ class ReadSample:
 
 
 def reader_settings(name: str, args, work_dir: str) -> dict:
-    """``root`` (data prefix) and ``ReadSample`` kwargs of a config."""
+    """``root`` (data prefix), ``ReadSample`` kwargs and ``subset`` (how
+    many samples the configuration reads) of a configuration."""
     local_root = osp.join(work_dir, 'dataset')
-    if name == 'local':
-        return dict(root=local_root, reader=dict(mode='fileio'))
+    # Readers without a planner: one request in flight per worker.
+    bound = args.ranks * args.workers / args.latency
+    subset = min(args.samples, max(1, int(args.time_box * bound)))
     url = args.url
+    if name == 'local':
+        return dict(
+            root=local_root, reader=dict(mode='fileio'), subset=args.samples)
     if name == 'mmengine_http':
-        return dict(root=url, reader=dict(backend_args=dict(backend='http')))
+        return dict(
+            root=url,
+            reader=dict(backend_args=dict(backend='http')),
+            subset=subset)
     if name == 'remote_http':
         return dict(
-            root=url, reader=dict(backend_args=dict(backend='remote_http')))
+            root=url,
+            reader=dict(backend_args=dict(backend='remote_http')),
+            subset=subset)
     if name == 'fsspec_simple':
         return dict(
             root=url,
-            reader=dict(mode='fsspec', cache_dir=osp.join(work_dir, 'cache')))
+            reader=dict(mode='fsspec', cache_dir=osp.join(work_dir, 'cache')),
+            subset=subset)
     if name.startswith('ours@'):
         return dict(
             root=url,
             reader=dict(
                 backend_args=ours_backend_args(
-                    osp.join(work_dir, 'cache'), args.budget_bytes[name])))
+                    osp.join(work_dir, 'cache'), args.budget_bytes[name])),
+            subset=args.samples)
     raise ValueError(f'unknown configuration {name!r}')
 
 
@@ -228,6 +245,8 @@ def run_rank(args) -> None:
         data_prefix=dict(img_path=args.root),
         index_dir=osp.join(args.work_dir, 'index'),
         index_progress=False,
+        # the first `subset` samples (RankShardedDataset's int indices)
+        indices=args.subset,
         pipeline=[dict(type='ReadSample', **reader)])
     sampler = RankShardedSampler(dataset, shuffle=True, seed=0)
     loader = DataLoader(
@@ -256,7 +275,7 @@ def run_rank(args) -> None:
                 waits.append(time.perf_counter() - asked)
                 samples += len(batch)
                 wrong += sum(not item['ok'] for item in batch)
-                if time.time() - start > args.time_box:
+                if time.time() - start > 3 * args.time_box:
                     cut = True
                     break
             end = time.time()
@@ -306,7 +325,8 @@ def run_config(name: str, args, server, work_dir: str) -> dict:
     cmd = torchrun_command(
         __file__, [
             '--rank-run', name, '--root', settings['root'], '--reader',
-            json.dumps(settings['reader']), '--work-dir', work_dir,
+            json.dumps(settings['reader']), '--subset',
+            str(settings['subset']), '--work-dir', work_dir,
             '--workers',
             str(args.workers), '--batch-size',
             str(args.batch_size), '--epochs',
@@ -318,7 +338,7 @@ def run_config(name: str, args, server, work_dir: str) -> dict:
         out = run_command(
             cmd,
             env=cpu_env(dict(PYTHONPATH=ROOT)),
-            timeout=args.epochs * args.time_box * 3 + 300).stdout
+            timeout=args.epochs * args.time_box * 4 + 300).stdout
     finally:
         done.set()
         watcher.join()
@@ -326,7 +346,9 @@ def run_config(name: str, args, server, work_dir: str) -> dict:
         json.loads(line[len('RESULT '):]) for line in out.splitlines()
         if line.startswith('RESULT ')
     ]
-    return summarize(name, ranks, server.download_log(), peak[0], args)
+    result = summarize(name, ranks, server.download_log(), peak[0], args)
+    result['subset'] = settings['subset']
+    return result
 
 
 def summarize(name, ranks, log, peak_disk, args) -> dict:
@@ -414,7 +436,9 @@ def main():
         f'ours@{b:g}%': int(data_bytes * b / 100)
         for b in budgets
     }
-    wanted = (args.configs or ','.join(BASELINES + ('ours', ))).split(',')
+    default = [c for c in BASELINES + ('ours', )
+               if not (args.quick and c == 'fsspec_simple')]
+    wanted = (args.configs or ','.join(default)).split(',')
     configs = [c for c in BASELINES if c in wanted]
     if 'ours' in wanted:
         configs += list(args.budget_bytes)
@@ -429,6 +453,12 @@ def main():
         for name in configs:
             if name in PIP_NAMES:
                 skipped[name] = not_run_reason(name, args.check_installable)
+                continue
+            if name == 'fsspec_simple' and not (
+                    importlib.util.find_spec('fsspec')
+                    and importlib.util.find_spec('aiohttp')):
+                skipped[name] = ('not installed (fsspec and, for its HTTP '
+                                 'filesystem, aiohttp)')
                 continue
             if name.startswith('ours@') and not ours_available():
                 skipped[name] = 'the node_cache backend is not in this build'
@@ -457,10 +487,14 @@ def report(results, skipped, data_bytes, args):
           f'{args.latency * 1e3:g} ms/request, {args.bandwidth:g} MB/s '
           f'cap; {args.ranks} ranks x {args.workers} workers, batch '
           f'{args.batch_size}; an uncached reader is bound at ~{bound:.0f} '
-          f'samples/s. * = epoch cut at {args.time_box:g} s.')
+          f'samples/s and reads the first "set" samples only (sized for '
+          f'{args.time_box:g} s per epoch at that bound); "/set" = remote '
+          f'bytes over the bytes of that set. * = epoch cut at '
+          f'{3 * args.time_box:g} s.')
     local = next((r for r in results if r['name'] == 'local'), None)
-    header = (f'{"config":<15}{"ep":>3}{"samples/s":>11}{"vs local":>9}'
-              f'{"p99 wait ms":>12}{"remote MB":>10}{"/data":>7}'
+    header = (f'{"config":<15}{"set":>6}{"ep":>3}{"samples/s":>11}'
+              f'{"vs local":>9}'
+              f'{"p99 wait ms":>12}{"remote MB":>10}{"/set":>7}'
               f'{"hit %":>7}{"dup dl":>7}{"disk/budget":>12}{"wrong":>6}')
     print(header)
     print('-' * len(header))
@@ -469,16 +503,19 @@ def report(results, skipped, data_bytes, args):
         disk = (f'{result["peak_disk_mb"] * 1e6 / budget:.2f}'
                 if budget else f'{result["peak_disk_mb"]:.0f} MB'
                 if result['peak_disk_mb'] else '-')
+        set_mb = data_mb * result['subset'] / args.samples
         for e, epoch in enumerate(result['epochs']):
             ratio = '' if local is None else '%.2f' % (
                 epoch['samples_per_s'] / local['epochs'][e]['samples_per_s'])
             hit = '-' if epoch['hit_rate'] is None else '%.1f' % (
                 100 * epoch['hit_rate'])
-            print(f'{result["name"] if e == 0 else "":<15}{e + 1:>3}'
+            first = e == 0
+            print(f'{result["name"] if first else "":<15}'
+                  f'{result["subset"] if first else "":>6}{e + 1:>3}'
                   f'{epoch["samples_per_s"]:>10.0f}'
                   f'{"*" if epoch["cut"] else " "}{ratio:>9}'
                   f'{epoch["p99_wait_ms"]:>12.1f}{epoch["remote_mb"]:>10.1f}'
-                  f'{epoch["remote_mb"] / data_mb:>7.2f}'
+                  f'{epoch["remote_mb"] / set_mb:>7.2f}'
                   f'{hit:>7}{epoch["duplicates"]:>7}'
                   f'{disk if e == 0 else "":>12}{epoch["wrong"]:>6}')
     for name, reason in skipped.items():
