@@ -1,7 +1,7 @@
 # The demo, reading its data from an HTTP(S) object store instead of the
 # local disk: the one added block below. tools/run_demo.py-style local data
 # can be served for a try with
-#   python -m mmdata_plugin.testing.loopback_http data/demo --latency 0.02
+#   python -m mmdata_plugin.testing.serve_loopback data/demo --latency 0.02
 # and MMDATA_REMOTE_ROOT set to the URL it prints. For S3 (AWS, MinIO,
 # Ceph) use an s3://bucket/prefix/ root and the backend_args in README.md.
 _base_ = ['./tinycnn_demo-jpeg.py']

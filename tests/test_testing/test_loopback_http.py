@@ -203,3 +203,9 @@ def request_port(port):
         conn.getresponse().read()
     finally:
         conn.close()
+
+
+def test_command_line_serves_until_its_lifetime(tmp_path, capsys):
+    from mmdata_plugin.testing.serve_loopback import main
+    main([str(tmp_path), '--latency', '0.01', '--lifetime', '0.3'])
+    assert capsys.readouterr().out.startswith('http://127.0.0.1:')
