@@ -18,19 +18,19 @@ _UNITS = {
     'gib': 2**30,
     'tib': 2**40,
 }
-_SIZE = re.compile(r'^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$')
+_SIZE = re.compile(r'^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([a-zA-Z]*)\s*$')
 
 
-def parse_size(size: Union[int, str], name: str = 'size') -> int:
+def parse_size(size: Union[int, float, str], name: str = 'size') -> int:
     """Return ``size`` in bytes.
 
-    Accepts a non-negative int or a string: a number followed by an optional
-    unit, decimal (``KB``, ``MB``, ``GB``, ``TB``; 1 GB = 10**9 bytes, as disk
+    Accepts a non-negative number (a float is rounded down) or a string: a
+    number followed by an optional unit, decimal (``KB``, ``MB``, ``GB``, ``TB``; 1 GB = 10**9 bytes, as disk
     vendors and ``df -H`` count) or binary (``KiB``, ``MiB``, ``GiB``,
     ``TiB``). Case does not matter; ``'1.5GB'`` is 1_500_000_000.
 
     Args:
-        size (int | str): The size.
+        size (int | float | str): The size.
         name (str): What the size is, for the error message (for example the
             config key ``'cache_limit'``).
 
@@ -39,10 +39,10 @@ def parse_size(size: Union[int, str], name: str = 'size') -> int:
     """
     if isinstance(size, bool):
         raise ValueError(f'{name} must be a byte count, got {size!r}')
-    if isinstance(size, int):
-        if size < 0:
+    if isinstance(size, (int, float)):
+        if not size >= 0:
             raise ValueError(f'{name} must not be negative, got {size}')
-        return size
+        return int(size)
     if not isinstance(size, str):
         raise ValueError(
             f'{name} must be an int or a string such as "200GB", got '

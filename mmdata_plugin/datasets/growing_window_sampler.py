@@ -4,7 +4,7 @@ from typing import Optional, Sized, Union
 import numpy as np
 from mmengine.registry import DATA_SAMPLERS
 
-from ..utils.byte_sizes import parse_byte_size
+from ..cache.size_units import parse_size
 from .growing_window import GrowingWindow, WindowChanges
 from .rank_sharded_sampler import RankShardedSampler
 
@@ -41,8 +41,8 @@ def window_capacity(size: int,
         raise ValueError(
             'GrowingWindowSampler: cache_limit needs sample_bytes (the mean '
             'size of a sample) to say how many samples fit')
-    limit = parse_byte_size(cache_limit, 'cache_limit')
-    mean = parse_byte_size(sample_bytes, 'sample_bytes')
+    limit = parse_size(cache_limit, 'cache_limit')
+    mean = parse_size(sample_bytes, 'sample_bytes')
     if mean < 1:
         raise ValueError(f'GrowingWindowSampler: sample_bytes must be at '
                          f'least 1 byte, got {sample_bytes!r}')

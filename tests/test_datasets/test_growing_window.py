@@ -167,7 +167,7 @@ def test_capacity_from_a_byte_budget():
     (dict(capacity=5, cache_limit='1GB', sample_bytes=10), 'not both'),
     (dict(cache_limit='1GB'), 'needs sample_bytes'),
     (dict(sample_bytes=10), 'only used with cache_limit'),
-    (dict(cache_limit='1 parsec', sample_bytes=10), 'cache_limit must be'),
+    (dict(cache_limit='1 parsec', sample_bytes=10), "cache_limit='1 parsec'"),
     (dict(cache_limit=10, sample_bytes='1MB'), 'holds 0 samples'),
     (dict(cache_limit=20, sample_bytes=10), 'not more than growth=2'),
     (dict(cache_limit=20, sample_bytes=0), 'at least 1 byte'),
