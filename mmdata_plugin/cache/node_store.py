@@ -91,6 +91,21 @@ _LOCK_RETRIES = 1000
 _TOUCH_FLUSH = 4096
 
 
+def default_cache_dir() -> str:
+    """The node store used when a config gives no ``cache_dir``.
+
+    ``$MMDATA_CACHE_DIR`` if set, else ``$XDG_CACHE_HOME/mmdata_plugin``
+    (``~/.cache/mmdata_plugin``): outside any repository or work dir, and
+    one per user and node, so every job of a node shares one budget.
+    """
+    configured = os.environ.get('MMDATA_CACHE_DIR')
+    if configured:
+        return configured
+    cache_home = os.environ.get('XDG_CACHE_HOME') or os.path.join(
+        os.path.expanduser('~'), '.cache')
+    return os.path.join(cache_home, 'mmdata_plugin')
+
+
 class CacheBudgetError(RuntimeError):
     """The store cannot reserve the bytes asked for, even after eviction."""
 

@@ -1,3 +1,4 @@
+from .cached_pipeline_head import CachedPipelineHead
 from .decode_target import decode_target, decode_target_from_pipeline
 from .load_image_from_file_reduced import LoadImageFromFileReduced
 from .pack_image_label_inputs import PackImageLabelInputs
@@ -5,6 +6,7 @@ from .random_image_crop import RandomImageCrop
 from .reduced_decode_pipeline import ReducedDecodePipeline
 
 __all__ = [
-    'LoadImageFromFileReduced', 'PackImageLabelInputs', 'RandomImageCrop',
-    'ReducedDecodePipeline', 'decode_target', 'decode_target_from_pipeline'
+    'CachedPipelineHead', 'LoadImageFromFileReduced', 'PackImageLabelInputs',
+    'RandomImageCrop', 'ReducedDecodePipeline', 'decode_target',
+    'decode_target_from_pipeline'
 ]
