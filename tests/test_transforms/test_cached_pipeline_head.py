@@ -1,17 +1,23 @@
 """CachedPipelineHead: equality, geometry, invalidation, refusal, budget."""
 import copy
+import json
+import multiprocessing
 import os
 
 import numpy as np
 import pytest
+from cached_head_fill import HEAD as FILL_HEAD
+from cached_head_fill import digest, run_rank
 from mmcv.transforms import Compose
 from mmengine.registry import TRANSFORMS
 
 import mmdata_plugin  # noqa: F401
+from mmdata_plugin.cache import NodeStore
 from mmdata_plugin.transforms.cached_pipeline_head import NAMESPACE
 from mmdata_plugin.utils import (camera_like_image, encode_jpeg,
                                  pixel_difference)
 
+_FORK = multiprocessing.get_context('fork')
 HEAD = [
     dict(type='LoadImageFromFile'),
     dict(type='LoadAnnotations', with_bbox=True, with_label=True,
@@ -169,3 +175,63 @@ def test_damaged_entry_is_produced_again(tmp_path):
     with open(entry, 'r+b') as file:
         file.write(b'garbage!')
     _assert_same(head(_sample(path)), expected)
+
+
+def _run_ranks(tmp_path, cache_dir, paths, tag, kill_on_write=None):
+    outs = [str(tmp_path / f'{tag}{rank}.json') for rank in range(2)]
+    ranks = [
+        _FORK.Process(target=run_rank,
+                      args=(cache_dir, out, paths, kill_on_write))
+        for out in outs
+    ]
+    for rank in ranks:
+        rank.start()
+    for rank in ranks:
+        rank.join(120)
+    return [rank.exitcode for rank in ranks], outs
+
+
+def test_concurrent_fill_2_ranks_x_2_workers_with_kill_mid_write(tmp_path):
+    """kill -9 mid-write in every worker's 2nd entry, then a clean run."""
+    paths = _write_images(tmp_path, count=8)
+    cache_dir = str(tmp_path / 'store')
+    codes, _ = _run_ranks(tmp_path, cache_dir, paths, 'killed', 2)
+    assert all(code != 0 for code in codes)  # their workers died
+    assert os.listdir(os.path.join(cache_dir, 'tmp'))  # half-written files
+    codes, outs = _run_ranks(tmp_path, cache_dir, paths, 'clean')
+    assert codes == [0, 0]
+    plain = Compose(copy.deepcopy(FILL_HEAD))
+    expected = {
+        str(i): digest(plain(dict(img_path=path)))
+        for i, path in enumerate(paths)
+    }
+    for out in outs:
+        with open(out) as file:
+            assert json.load(file) == expected  # no partial entry was read
+    store = NodeStore(cache_dir, '50MB')
+    assert os.listdir(os.path.join(cache_dir, 'tmp')) == []
+    usage = store.usage()
+    assert usage.entries == len(paths) and usage.inflight_bytes == 0
+    on_disk = sum(
+        os.path.getsize(os.path.join(d, n))
+        for d, _, names in os.walk(os.path.join(cache_dir, 'entries'))
+        for n in names)
+    assert usage.committed_bytes == on_disk
+    assert store.counters(NAMESPACE)['produced'] == len(paths)
+
+
+def test_random_tail_sees_same_inputs_cold_warm_and_uncached(tmp_path):
+    """What FastResume's bitwise guarantee needs from a lossless head."""
+    paths = _write_images(tmp_path, count=3)
+    tail = [dict(type='RandomImageCrop', crop_size=48),
+            dict(type='RandomFlip', prob=0.5, direction='horizontal')]
+    cached = Compose([dict(type='CachedPipelineHead', transforms=HEAD,
+                           cache_dir=str(tmp_path / 'store'),
+                           storage='png')] + tail)
+    plain = Compose(HEAD + tail)
+    runs = []
+    for pipeline in (plain, cached, cached):  # uncached, cold, warm
+        np.random.seed(7)
+        runs.append([pipeline(_sample(p))['img'] for p in paths * 2])
+    for run in runs[1:]:
+        assert all(np.array_equal(a, b) for a, b in zip(runs[0], run))
