@@ -189,6 +189,9 @@ class CachedPipelineHead(BaseTransform):
                  None, mmcv=mmcv.__version__, opencv=cv2.__version__),
             'CachedPipelineHead')
         self.store = NodeStore(cache_dir or default_cache_dir(), cache_limit)
+        # the store's counters are the node's since it was created; a run
+        # reports its own (see counters())
+        self._counts_at_build = self.store.counters(NAMESPACE)
 
     # -- keys ---------------------------------------------------------------
 
@@ -260,6 +263,12 @@ class CachedPipelineHead(BaseTransform):
         if os.path.exists(self.store.entry_path(NAMESPACE, key)):
             return False
         return self.transform(results) is not None
+
+    def counters(self) -> Dict[str, int]:
+        """Hits, misses, ... of the 'head' namespace in every process on
+        this node since this transform was built."""
+        now = self.store.counters(NAMESPACE)
+        return {k: v - self._counts_at_build.get(k, 0) for k, v in now.items()}
 
     def __repr__(self) -> str:
         return (f'{self.__class__.__name__}(storage={self.storage!r}, '
@@ -335,24 +344,3 @@ def _scale_annotations(results: dict, sx: float, sy: float,
     elif masks is not None:
         raise TypeError('CachedPipelineHead(max_side=...) rescales numpy '
                         f'gt_masks; got {type(masks).__name__}')
-
-
-def iter_cached_heads(pipeline) -> Iterable[CachedPipelineHead]:
-    """Every CachedPipelineHead in a built pipeline (nested ones too)."""
-    for transform in getattr(pipeline, 'transforms', []) or []:
-        if isinstance(transform, CachedPipelineHead):
-            yield transform
-        else:
-            yield from iter_cached_heads(transform)
-
-
-def head_cache_counters(heads: Iterable[CachedPipelineHead]) -> Dict[str, int]:
-    """Hits/misses/... of the 'head' namespace of the heads' stores."""
-    seen, total = set(), {}
-    for head in heads:
-        if head.store.cache_dir in seen:
-            continue
-        seen.add(head.store.cache_dir)
-        for name, value in head.store.counters(NAMESPACE).items():
-            total[name] = total.get(name, 0) + value
-    return total
