@@ -176,6 +176,8 @@ class CachedPipelineHead(BaseTransform):
         transforms = list(transforms)
         check_deterministic(transforms, deterministic_types)
         self.pipeline = Compose(transforms)
+        # the list DataMonitor's per-transform timing looks for
+        self.transforms = self.pipeline.transforms
         self.storage = storage
         self.quality = quality
         self.max_side = max_side
