@@ -39,7 +39,7 @@ class _Writer:
         self.png_compression = png_compression
         self.blobs: List[bytes] = []
 
-    def blob(self, data: bytes) -> int:
+    def blob(self, data) -> int:
         self.blobs.append(data)
         return len(self.blobs) - 1
 
@@ -55,7 +55,9 @@ class _Writer:
                 'array': [
                     value.dtype.str,
                     list(value.shape),
-                    self.blob(np.ascontiguousarray(value).tobytes())
+                    # a view, not a copy: joined into the entry once
+                    self.blob(memoryview(np.ascontiguousarray(value)).cast(
+                        'B'))
                 ]
             }
         if isinstance(value, tuple):
@@ -102,7 +104,7 @@ class _Writer:
             raise HeadEntryError(f'{where}: OpenCV could not encode it')
         return {
             'image': [self.codec, list(img.shape),
-                      self.blob(data.tobytes())]
+                      self.blob(memoryview(data).cast('B'))]
         }
 
 
@@ -143,8 +145,8 @@ def encode_head_entry(fields: Dict[str, object],
             encoded[key] = writer.value(value, key)
     offsets, position = [], 0
     for blob in writer.blobs:
-        offsets.append([position, len(blob)])
-        position += len(blob)
+        offsets.append([position, blob.nbytes])
+        position += blob.nbytes
     header = json.dumps({
         'fields': encoded,
         'removed': list(removed),

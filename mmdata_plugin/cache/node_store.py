@@ -89,6 +89,9 @@ _NAMESPACE = re.compile(r'^[a-z][a-z0-9_]{0,31}$')
 # An unlinked lock file that another process still has open: retry its lock.
 _LOCK_RETRIES = 1000
 _TOUCH_FLUSH = 4096
+# Seconds between two looks for what dead processes left (a reservation
+# that does not fit looks at once).
+_RECLAIM_INTERVAL = 10.0
 
 
 def default_cache_dir() -> str:
@@ -241,6 +244,8 @@ class NodeStore:
                                                 'ledger.sqlite'))
         self._counters = StoreCounters(os.path.join(self.cache_dir, 'stats'))
         self._touched: Dict[str, float] = {}
+        self._made_dirs = set()
+        self._reclaimed_at = 0.0
         with self._ledger.transaction():
             self._reclaim_abandoned()
             if fresh_ledger:
@@ -248,7 +253,7 @@ class NodeStore:
 
     def __getstate__(self):
         state = self.__dict__.copy()
-        state['_touched'] = {}
+        state.update(_touched={}, _made_dirs=set(), _reclaimed_at=0.0)
         return state
 
     def __repr__(self) -> str:
@@ -475,7 +480,10 @@ class NodeStore:
                  row: EntryRow) -> None:
         size = os.path.getsize(temp)
         final = self._entry_path(row.namespace, row.digest)
-        os.makedirs(os.path.dirname(final), exist_ok=True)
+        directory = os.path.dirname(final)
+        if directory not in self._made_dirs:
+            os.makedirs(directory, exist_ok=True)
+            self._made_dirs.add(directory)
         try:
             with self._ledger.transaction():
                 if size > reservation.nbytes:
@@ -548,7 +556,8 @@ class NodeStore:
             raise ValueError(f'cannot reserve {nbytes!r} bytes')
         namespace, key, digest = entry or (None, None, None)
         with self._ledger.transaction():
-            self._reclaim_abandoned()
+            if time.monotonic() - self._reclaimed_at > _RECLAIM_INTERVAL:
+                self._reclaim_abandoned()
             self._make_room(nbytes, evict)
             reservation_id = self._ledger.insert_reservation(
                 current_owner(), nbytes, digest, namespace, key)
@@ -570,6 +579,12 @@ class NodeStore:
         self._flush_touched()
         used = self._ledger.committed_bytes() + self._ledger.inflight_bytes()
         missing = used + nbytes - self.limit
+        if missing > 0 and time.monotonic() - self._reclaimed_at > 1.0:
+            # dead writers' reservations may be what is in the way
+            self._reclaim_abandoned()
+            used = (self._ledger.committed_bytes() +
+                    self._ledger.inflight_bytes())
+            missing = used + nbytes - self.limit
         if missing <= 0:
             return
         if nbytes > self.limit:
@@ -626,6 +641,8 @@ class NodeStore:
         (its size fits the reservation it replaces). Its temp files and
         counter files go too (counts kept in the ledger).
         """
+        self._reclaimed_at = time.monotonic()
+
         def dead(owner, created):
             return not owner_is_alive(owner, created, self.temp_max_age)
 

@@ -121,9 +121,11 @@ class CachedPipelineHead(BaseTransform):
     interpolation) and rescales those fields to match.
 
     The image is stored ``'raw'`` (bitwise), ``'png'`` (bitwise, about
-    2-3x smaller) or ``'jpeg'`` (``quality``; lossy). A miss returns the
-    stored version too (a lossy image is decoded back), so a sample is the
-    same whether the cache was cold, warm or full.
+    2-3x smaller, slower to write and read) or ``'jpeg'`` (``quality``,
+    chroma not subsampled; lossy). With lossless storage a sample is the
+    same bit for bit whether the cache was cold, warm or full (what
+    FastResume's exact resume needs); with 'jpeg' a miss returns the exact
+    pixels and a hit the stored JPEG's (docs/head_cache.md gives the PSNR).
 
     Key of an entry: the image file's path, size and modification time (or
     the storage backend's ``etag(path)`` for remote paths), a digest of the
@@ -212,6 +214,8 @@ class CachedPipelineHead(BaseTransform):
                          _digest(inputs, 'sample')))
 
     def _source(self, path: str) -> str:
+        if self.backend_args is None and '://' not in path:
+            return _local_source(path)
         backend = fileio.get_file_backend(
             path, backend_args=self.backend_args, enable_singleton=True)
         etag = getattr(backend, 'etag', None)
@@ -221,9 +225,7 @@ class CachedPipelineHead(BaseTransform):
             raise ValueError(
                 f'CachedPipelineHead cannot tell whether {path} changed: its '
                 f'storage backend {type(backend).__name__} has no etag(path)')
-        stat = os.stat(path)
-        return (f'{os.path.realpath(path)}|{stat.st_size}|'
-                f'{stat.st_mtime_ns}')
+        return _local_source(path)
 
     # -- transform ----------------------------------------------------------
 
@@ -250,10 +252,6 @@ class CachedPipelineHead(BaseTransform):
         data = encode_head_entry(changed, removed, self.storage,
                                  self.quality, self.png_compression)
         self.store.publish_bytes(NAMESPACE, key, data)
-        if self.storage == 'jpeg' and 'img' in changed:
-            # what a later hit returns, so the sample does not depend on the
-            # cache's state
-            results['img'] = decode_head_entry(data).fields['img']
         return results
 
     def fill(self, results: dict) -> bool:
@@ -276,6 +274,11 @@ class CachedPipelineHead(BaseTransform):
         return (f'{self.__class__.__name__}(storage={self.storage!r}, '
                 f'quality={self.quality}, max_side={self.max_side}, '
                 f'store={self.store!r}, transforms={self.pipeline!r})')
+
+
+def _local_source(path: str) -> str:
+    stat = os.stat(path)
+    return f'{os.path.abspath(path)}|{stat.st_size}|{stat.st_mtime_ns}'
 
 
 def _loader_backend_args(transforms: List[dict]) -> Optional[dict]:
