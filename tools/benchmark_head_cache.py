@@ -68,7 +68,7 @@ def build(variant: str, short: int, cache_dir: str) -> Compose:
         dict(type='RandomImageCrop', crop_size=short),
         dict(type='RandomFlip', prob=0.5, direction='horizontal')
     ]
-    return Compose(head + tail)
+    return Compose([Compose(head)] + tail)  # transforms[0]: the head
 
 
 def epoch_ms(pipeline: Compose, paths: List[str]) -> float:
@@ -110,17 +110,17 @@ def measure(paths: List[str], short: int, repeats: int,
 
 def print_table(title: str, rows: Dict[str, dict], file_bytes: float):
     print(title)
-    print(f'{"variant":<32}{"epoch 1":>9}{"epoch 2":>9}{"ep2 vs (a)":>12}'
-          f'{"ep1 vs (b)":>12}{"PSNR dB":>9}{"bytes/sample":>14}')
+    print(f'{"variant":<32}{"epoch 1":>10}{"epoch 2":>10}{"ep2 vs (a)":>12}'
+          f'{"ep1 vs (b)":>12}{"PSNR dB":>9}{"bytes/sample":>20}')
     a, b = rows['a'], rows['b']
     for variant in VARIANTS:
         row = rows[variant]
         stored = format_size(row['bytes']) if row['bytes'] else (
             f'{format_size(file_bytes)} (JPEG)')
-        print(f'{LABELS[variant]:<32}{row["epoch1"]:>7.2f}ms'
-              f'{row["epoch2"]:>7.2f}ms{a["epoch2"] / row["epoch2"]:>11.1f}x'
+        print(f'{LABELS[variant]:<32}{row["epoch1"]:>8.2f}ms'
+              f'{row["epoch2"]:>8.2f}ms{a["epoch2"] / row["epoch2"]:>11.1f}x'
               f'{100 * (row["epoch1"] / b["epoch1"] - 1):>+11.0f}%'
-              f'{row["psnr"]:>9.1f}{stored:>14}')
+              f'{row["psnr"]:>9.1f}{stored:>20}')
 
 
 def print_goal(rows: Dict[str, dict]) -> None:
