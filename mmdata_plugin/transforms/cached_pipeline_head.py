@@ -128,7 +128,8 @@ class CachedPipelineHead(BaseTransform):
     pixels and a hit the stored JPEG's (docs/head_cache.md gives the PSNR).
 
     Key of an entry: the image file's path, size and modification time (or
-    the storage backend's ``etag(path)`` for remote paths), a digest of the
+    size and ETag from the storage backend's ``stat(path)`` for remote
+    paths, as mmdata_plugin's S3/HTTP backends give), a digest of the
     other input keys (so changed annotations are a miss; ``sample_idx`` is
     left out), and a fingerprint of the inner transforms' configs, the
     storage settings and the mmcv/OpenCV versions.
@@ -218,14 +219,18 @@ class CachedPipelineHead(BaseTransform):
             return _local_source(path)
         backend = fileio.get_file_backend(
             path, backend_args=self.backend_args, enable_singleton=True)
-        etag = getattr(backend, 'etag', None)
-        if callable(etag):
-            return f'{path}|etag={etag(path)}'
-        if type(backend).__name__ != 'LocalBackend':
+        if type(backend).__name__ == 'LocalBackend':
+            return _local_source(path)
+        stat = getattr(backend, 'stat', None)
+        # mmdata_plugin's remote backends: stat(path) -> size and ETag
+        found = stat(path) if callable(stat) else None
+        if getattr(found, 'etag', None) is None:
             raise ValueError(
                 f'CachedPipelineHead cannot tell whether {path} changed: its '
-                f'storage backend {type(backend).__name__} has no etag(path)')
-        return _local_source(path)
+                f'storage backend {type(backend).__name__} gives no ETag '
+                '(stat(path).etag)')
+        return f'{path}|{found.size}|etag={found.etag}'
+
 
     # -- transform ----------------------------------------------------------
 

@@ -235,3 +235,25 @@ def test_random_tail_sees_same_inputs_cold_warm_and_uncached(tmp_path):
         runs.append([pipeline(_sample(p))['img'] for p in paths * 2])
     for run in runs[1:]:
         assert all(np.array_equal(a, b) for a, b in zip(runs[0], run))
+
+
+def test_remote_source_keyed_by_backend_stat_etag(tmp_path):
+    from mmengine.fileio import register_backend
+    from mmengine.fileio.backends import LocalBackend
+
+    class Stat:
+        size, etag = 7, '"v1"'
+
+    @register_backend('h12stat', prefixes='h12stat', force=True)
+    class StatBackend(LocalBackend):
+
+        def stat(self, path):
+            return Stat()
+
+    head = _head(tmp_path, transforms=[HEAD[0]])
+    key = head.sample_key(dict(img_path='h12stat://bucket/a.jpg'))
+    assert 'h12stat://bucket/a.jpg|7|etag="v1"' in key
+    Stat.etag = None
+    with pytest.raises(ValueError, match='gives no ETag'):
+        head.sample_key(dict(img_path='h12stat://bucket/a.jpg'))
+    del StatBackend
