@@ -1,4 +1,4 @@
-"""Byte sizes written the way users write them in configs ('200GB', '500MiB')."""
+"""Byte sizes as users write them in configs ('200GB', '500MiB')."""
 import re
 from typing import Union
 
