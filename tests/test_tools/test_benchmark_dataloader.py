@@ -19,7 +19,10 @@ def _row(out, name):
     return match.group(1).split()
 
 
-def test_one_worker_count_prints_throughput_and_stage_breakdown(train_env):
+def test_one_worker_count_prints_throughput_and_stage_breakdown(
+        train_env, tmp_path):
+    # an empty head cache: reads and decodes happen, so they are measured
+    train_env = dict(train_env, MMDATA_CACHE_DIR=str(tmp_path / 'cache'))
     out = run_command([
         sys.executable, TOOL, DEMO_CONFIG, '--num-batches', '6', '--warmup',
         '1', '--repeats', '1', '--cfg-options', 'train_dataloader.batch_size=4'
