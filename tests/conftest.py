@@ -1,8 +1,25 @@
+import os
+
 import pytest
 from helpers import REPO_ROOT
 
 from mmdata_plugin.testing import cpu_env
 from mmdata_plugin.utils import make_demo_dataset
+
+
+@pytest.fixture(scope='session', autouse=True)
+def node_cache_dir(tmp_path_factory):
+    """The node store of configs without a cache_dir (the demo's head
+    cache): a temporary one, for this process and every command it starts,
+    never the user's ~/.cache."""
+    path = str(tmp_path_factory.mktemp('node_cache'))
+    previous = os.environ.get('MMDATA_CACHE_DIR')
+    os.environ['MMDATA_CACHE_DIR'] = path
+    yield path
+    if previous is None:
+        os.environ.pop('MMDATA_CACHE_DIR', None)
+    else:
+        os.environ['MMDATA_CACHE_DIR'] = previous
 
 
 @pytest.fixture(scope='session')

@@ -65,6 +65,10 @@ def _builders(demo_root):
             dict(type='LoadImageFromFile'),
             dict(type='Resize', scale=(64, 4096), keep_ratio=True)
         ]), {}),
+        # cache_dir: $MMDATA_CACHE_DIR, a temporary one (conftest.py)
+        ('TRANSFORMS', 'CachedPipelineHead'): (dict(
+            transforms=[dict(type='LoadImageFromFile')], cache_limit='1MB'),
+                                               {}),
         ('METRICS', 'SingleLabelAccuracy'): (dict(), {}),
         ('DATASETS', 'SampleSeededDataset'): (dict(
             dataset=dict(

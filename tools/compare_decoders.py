@@ -85,16 +85,20 @@ def files_in_folder(folder: str, num: int, seed: int) -> List[str]:
 
 
 def find_pipeline(dataset_cfg: dict) -> Optional[list]:
-    """The pipeline of a dataset config, looking into dataset wrappers and
-    into a ReducedDecodePipeline wrapping the whole pipeline (whose
-    ``exact_shapes`` then goes to the loader, as the wrapper does)."""
+    """The pipeline of a dataset config, looking into dataset wrappers, a
+    CachedPipelineHead at its start and a ReducedDecodePipeline at its start
+    (whose ``exact_shapes`` then goes to the loader, as the wrapper does)."""
     while dataset_cfg is not None:
         if dataset_cfg.get('pipeline'):
             pipeline = list(dataset_cfg['pipeline'])
-            if len(pipeline) == 1 and transform_type(
+            if pipeline and transform_type(
+                    pipeline[0]) == 'CachedPipelineHead':
+                pipeline = list(pipeline[0]['transforms']) + pipeline[1:]
+            if pipeline and transform_type(
                     pipeline[0]) == 'ReducedDecodePipeline':
                 wrapper = pipeline[0]
-                pipeline = copy.deepcopy(list(wrapper['transforms']))
+                pipeline = copy.deepcopy(list(
+                    wrapper['transforms'])) + pipeline[1:]
                 if 'exact_shapes' in wrapper:
                     loader_cfg(pipeline).setdefault('exact_shapes',
                                                     wrapper['exact_shapes'])

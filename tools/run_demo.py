@@ -121,6 +121,9 @@ def main():
     verdicts = log_lines_with(logs[-1:], 'Input-bound:')
     if verdicts:
         print(f'  Data monitor, whole resumed run: {verdicts[-1]}')
+    head_cache = log_lines_with(logs[-1:], 'Head cache (')
+    if head_cache:
+        print(f'  {head_cache[-1]}')
 
 
 if __name__ == '__main__':

@@ -61,7 +61,10 @@ API (the roles every consumer relies on):
   :meth:`NodeStore.entries`); default :meth:`NodeStore.least_recently_used`.
 * Counters per namespace, summed over all processes: ``hits``, ``misses``,
   ``produced``, ``waited`` (served after waiting for another producer),
-  ``bypassed``, ``evicted_entries``, ``evicted_bytes``.
+  ``bypassed``, ``evicted_entries``, ``evicted_bytes``; and two that callers
+  add with :meth:`NodeStore.count`, since only they know the cost of
+  producing: ``produced_bytes`` (e.g. bytes downloaded) and ``wait_us``
+  (microseconds readers waited for an entry).
 
 An entry found by :meth:`lookup` can be evicted by another process before the
 caller opens it (POSIX keeps an opened file readable); callers treat
@@ -89,6 +92,24 @@ _NAMESPACE = re.compile(r'^[a-z][a-z0-9_]{0,31}$')
 # An unlinked lock file that another process still has open: retry its lock.
 _LOCK_RETRIES = 1000
 _TOUCH_FLUSH = 4096
+# Seconds between two looks for what dead processes left (a reservation
+# that does not fit looks at once).
+_RECLAIM_INTERVAL = 10.0
+
+
+def default_cache_dir() -> str:
+    """The node store used when a config gives no ``cache_dir``.
+
+    ``$MMDATA_CACHE_DIR`` if set, else ``$XDG_CACHE_HOME/mmdata_plugin``
+    (``~/.cache/mmdata_plugin``): outside any repository or work dir, and
+    one per user and node, so every job of a node shares one budget.
+    """
+    configured = os.environ.get('MMDATA_CACHE_DIR')
+    if configured:
+        return configured
+    cache_home = os.environ.get('XDG_CACHE_HOME') or os.path.join(
+        os.path.expanduser('~'), '.cache')
+    return os.path.join(cache_home, 'mmdata_plugin')
 
 
 class CacheBudgetError(RuntimeError):
@@ -226,6 +247,8 @@ class NodeStore:
                                                 'ledger.sqlite'))
         self._counters = StoreCounters(os.path.join(self.cache_dir, 'stats'))
         self._touched: Dict[str, float] = {}
+        self._made_dirs = set()
+        self._reclaimed_at = 0.0
         with self._ledger.transaction():
             self._reclaim_abandoned()
             if fresh_ledger:
@@ -233,7 +256,7 @@ class NodeStore:
 
     def __getstate__(self):
         state = self.__dict__.copy()
-        state['_touched'] = {}
+        state.update(_touched={}, _made_dirs=set(), _reclaimed_at=0.0)
         return state
 
     def __repr__(self) -> str:
@@ -460,7 +483,10 @@ class NodeStore:
                  row: EntryRow) -> None:
         size = os.path.getsize(temp)
         final = self._entry_path(row.namespace, row.digest)
-        os.makedirs(os.path.dirname(final), exist_ok=True)
+        directory = os.path.dirname(final)
+        if directory not in self._made_dirs:
+            os.makedirs(directory, exist_ok=True)
+            self._made_dirs.add(directory)
         try:
             with self._ledger.transaction():
                 if size > reservation.nbytes:
@@ -533,7 +559,8 @@ class NodeStore:
             raise ValueError(f'cannot reserve {nbytes!r} bytes')
         namespace, key, digest = entry or (None, None, None)
         with self._ledger.transaction():
-            self._reclaim_abandoned()
+            if time.monotonic() - self._reclaimed_at > _RECLAIM_INTERVAL:
+                self._reclaim_abandoned()
             self._make_room(nbytes, evict)
             reservation_id = self._ledger.insert_reservation(
                 current_owner(), nbytes, digest, namespace, key)
@@ -555,6 +582,12 @@ class NodeStore:
         self._flush_touched()
         used = self._ledger.committed_bytes() + self._ledger.inflight_bytes()
         missing = used + nbytes - self.limit
+        if missing > 0 and time.monotonic() - self._reclaimed_at > 1.0:
+            # dead writers' reservations may be what is in the way
+            self._reclaim_abandoned()
+            used = (self._ledger.committed_bytes() +
+                    self._ledger.inflight_bytes())
+            missing = used + nbytes - self.limit
         if missing <= 0:
             return
         if nbytes > self.limit:
@@ -594,7 +627,12 @@ class NodeStore:
         digest = self._digest(namespace, key)
         with self._ledger.transaction():
             row = self._ledger.entry(digest)
-            return self._evict_row(row) if row else 0
+            if row is not None:
+                return self._evict_row(row)
+            # a file the ledger does not account for (yet): not counted
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._entry_path(namespace, digest))
+            return 0
 
     def least_recently_used(self, nbytes: int) -> Iterator[Tuple[str, str]]:
         """Default eviction policy: entries by last access, oldest first."""
@@ -611,6 +649,8 @@ class NodeStore:
         (its size fits the reservation it replaces). Its temp files and
         counter files go too (counts kept in the ledger).
         """
+        self._reclaimed_at = time.monotonic()
+
         def dead(owner, created):
             return not owner_is_alive(owner, created, self.temp_max_age)
 
@@ -661,6 +701,11 @@ class NodeStore:
         """The published entries (``digest, namespace, key, size,
         last_access``); usable inside ``eviction_policy``."""
         return self._ledger.entries(namespace)
+
+    def count(self, namespace: str, name: str, value: int = 1) -> None:
+        """Add ``value`` to this process's counter ``name`` of
+        ``namespace`` (see ``COUNTER_NAMES`` in :mod:`.store_counters`)."""
+        self._counters.add(namespace, name, int(value))
 
     def counters(self, namespace: Optional[str] = None) -> Counts:
         """Counters summed over every process that used this directory.

@@ -25,8 +25,8 @@ def parse_size(size: Union[int, float, str], name: str = 'size') -> int:
     """Return ``size`` in bytes.
 
     Accepts a non-negative number (a float is rounded down) or a string: a
-    number followed by an optional unit, decimal (``KB``, ``MB``, ``GB``, ``TB``; 1 GB = 10**9 bytes, as disk
-    vendors and ``df -H`` count) or binary (``KiB``, ``MiB``, ``GiB``,
+    number followed by an optional unit, decimal (``KB``, ``MB``, ``GB``,
+    ``TB``; 1 GB = 10**9 bytes, as disk vendors and ``df -H`` count) or binary (``KiB``, ``MiB``, ``GiB``,
     ``TiB``). Case does not matter; ``'1.5GB'`` is 1_500_000_000.
 
     Args:

@@ -18,7 +18,8 @@ import numpy as np
 from .process_owner import current_owner, owner_file_name
 
 COUNTER_NAMES = ('hits', 'misses', 'produced', 'waited', 'bypassed',
-                 'evicted_entries', 'evicted_bytes')
+                 'evicted_entries', 'evicted_bytes', 'produced_bytes',
+                 'wait_us')
 MAX_NAMESPACES = 32
 _SUFFIX = '.counters'
 
@@ -97,8 +98,9 @@ class StoreCounters:
             array = np.fromfile(base + _SUFFIX, dtype=np.int64)
         except (OSError, ValueError):
             return {}
-        array = array[:MAX_NAMESPACES * len(COUNTER_NAMES)].reshape(
-            -1, len(COUNTER_NAMES))
+        if array.size != MAX_NAMESPACES * len(COUNTER_NAMES):
+            return {}  # written by another version of this layout
+        array = array.reshape(MAX_NAMESPACES, len(COUNTER_NAMES))
         return {
             namespace: dict(zip(COUNTER_NAMES, map(int, array[row])))
             for row, namespace in enumerate(namespaces) if row < len(array)

@@ -1,4 +1,5 @@
 from .array_files import ArrayFileError, read_array
+from .cached_pipeline_head import CachedPipelineHead
 from .decode_target import decode_target, decode_target_from_pipeline
 from .load_image_from_file_reduced import LoadImageFromFileReduced
 from .load_numpy_from_file import LoadNumpyFromFile
@@ -7,7 +8,7 @@ from .random_image_crop import RandomImageCrop
 from .reduced_decode_pipeline import ReducedDecodePipeline
 
 __all__ = [
-    'ArrayFileError', 'read_array', 'LoadNumpyFromFile',
+    'ArrayFileError', 'read_array', 'LoadNumpyFromFile', 'CachedPipelineHead',
     'LoadImageFromFileReduced', 'PackImageLabelInputs', 'RandomImageCrop',
     'ReducedDecodePipeline', 'decode_target', 'decode_target_from_pipeline'
 ]

@@ -55,7 +55,7 @@ def test_parse_size():
     assert parse_size(1234) == 1234
     with pytest.raises(ValueError, match='cache_limit'):
         parse_size('12 parsecs', 'cache_limit')
-    with pytest.raises(ValueError, match='negative'):
+    with pytest.raises(ValueError, match='>= 0'):
         parse_size(-1)
     assert format_size(3 * 2**20) == '3.0 MiB'
 

@@ -29,8 +29,8 @@ def test_compare_decoders_on_the_demo_config(train_env):
                       env=train_env).stdout
     assert ('compare_decoders: 12 of 64 files of the train dataset of '
             f'{DEMO_CONFIG} (12 JPEG, 0 other)') in out
-    # The decode size comes from the demo's own (wrapped) resize.
-    assert ('at least scale=(87, 4916), keep_ratio=True (from the pipeline '
+    # The decode size comes from the demo's own resize (in the cached head).
+    assert ('at least scale=(87, 4096), keep_ratio=True (from the pipeline '
             'resize), exact_shapes=True') in out
     for variant in ('cv2', 'pillow', 'cv2 reduced', 'pillow reduced'):
         median_ms, mean_ms, p90_ms, speed = _table_row(out, variant)[:4]

@@ -21,3 +21,5 @@ def test_run_demo_kills_and_resumes(tmp_path, demo_root, train_env):
     assert osp.isfile(work_dir / 'iter_8.pth')
     assert f'work dir     : {work_dir}' in out
     assert 'val top-1' in out
+    # the resumed run read the train pipeline's head from the node cache
+    assert 'Head cache (CachedPipelineHead, node store ' in out

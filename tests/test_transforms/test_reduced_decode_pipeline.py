@@ -397,7 +397,10 @@ def test_demo_config_wraps_its_pipelines_and_matches_them(split, tmp_path):
     """The demo decodes reduced, sized from its own resize, and outputs
     what its unwrapped pipeline outputs (same crops, close pixels)."""
     cfg = Config.fromfile(DEMO_CONFIG)
-    (wrapper_cfg, ) = cfg[f'{split}_dataloader'].dataset.pipeline
+    wrapper_cfg, *tail = cfg[f'{split}_dataloader'].dataset.pipeline
+    if split == 'train':  # the reduced decode is the cached head's
+        assert wrapper_cfg.type == 'CachedPipelineHead'
+        (wrapper_cfg, ) = wrapper_cfg.transforms
     assert wrapper_cfg.type == 'ReducedDecodePipeline'
     plain = wrapper_cfg.transforms
     assert plain[0].type == 'LoadImageFromFile'
@@ -410,7 +413,7 @@ def test_demo_config_wraps_its_pipelines_and_matches_them(split, tmp_path):
         f.write(encode_jpeg(camera_like_image(1280, 720, seed=5)))
     assert loader(dict(img_path=path))['scale_factor'] == (0.125, 0.125)
     outputs = []
-    for pipeline in (Compose(plain), wrapped):
+    for pipeline in (Compose(list(plain) + tail), Compose([wrapped] + tail)):
         np.random.seed(3)  # the same resize draw, crop and flip
         outputs.append(pipeline(dict(img_path=path, gt_label=1)))
     full, ours = (o['inputs'].permute(1, 2, 0).numpy() for o in outputs)

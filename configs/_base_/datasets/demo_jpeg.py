@@ -6,32 +6,43 @@ crop_size = 64
 metainfo = dict(classes=('circle', 'square', 'triangle', 'ring', 'cross',
                          'diamond', 'horizontal bar', 'vertical bar'))
 
-# The pipelines are mmcv's usual ones, wrapped in ReducedDecodePipeline: it
-# swaps LoadImageFromFile for LoadImageFromFileReduced, which decodes each
-# JPEG at the smallest DCT scale (1/2, 1/4, 1/8) still at least as large as
-# the largest output of the resize after it (here RandomResize's scale times
-# the top of its ratio_range), so the 720p/1080p frames are decoded at 1/8,
-# not in full. Output shapes and scale factors are those of the unwrapped
-# pipeline (docs/reduced_decoding.md). Change the resize freely: the decode
-# size follows it.
+# The train pipeline's deterministic head -- load, decode, resize to just
+# above the largest size RandomResize can draw -- runs once per image: its
+# output is kept in the node's cache (CachedPipelineHead; docs/head_cache.md)
+# and later epochs, ranks and runs read it back. storage='raw' is lossless,
+# so a run gives the same batches with a cold or a warm cache. The cache
+# lives in $MMDATA_CACHE_DIR (default ~/.cache/mmdata_plugin), never in the
+# repository; it is shared by the node's jobs within cache_limit.
+# Inside it, ReducedDecodePipeline decodes each JPEG at the smallest DCT
+# scale (1/2, 1/4, 1/8) still at least as large as the resize's output, so
+# the 720p/1080p frames are decoded at 1/8, not in full
+# (docs/reduced_decoding.md): the first epoch is fast too.
 train_pipeline = [
     dict(
-        type='ReducedDecodePipeline',
+        type='CachedPipelineHead',
+        cache_limit='2GB',
+        storage='raw',
         transforms=[
-            dict(type='LoadImageFromFile'),
-            # Short side to ~72 px (mmcv's idiom: a huge long-side bound),
-            # jittered.
             dict(
-                type='RandomResize',
-                scale=(72, 4096),
-                ratio_range=(0.9, 1.2),
-                keep_ratio=True),
-            dict(type='RandomImageCrop', crop_size=crop_size),
-            dict(type='RandomFlip', prob=0.5, direction='horizontal'),
-            dict(type='PackImageLabelInputs'),
-        ])
+                type='ReducedDecodePipeline',
+                transforms=[
+                    dict(type='LoadImageFromFile'),
+                    # 87 = ceil(72 * 1.2), RandomResize's largest short side
+                    dict(type='Resize', scale=(87, 4096), keep_ratio=True),
+                ])
+        ]),
+    # Short side to ~72 px (mmcv's idiom: a huge long-side bound), jittered.
+    dict(
+        type='RandomResize',
+        scale=(72, 4096),
+        ratio_range=(0.9, 1.2),
+        keep_ratio=True),
+    dict(type='RandomImageCrop', crop_size=crop_size),
+    dict(type='RandomFlip', prob=0.5, direction='horizontal'),
+    dict(type='PackImageLabelInputs'),
 ]
 
+# Validation decodes reduced too (see above); it runs once per evaluation.
 val_pipeline = [
     dict(
         type='ReducedDecodePipeline',
