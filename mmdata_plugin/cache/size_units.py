@@ -1,4 +1,4 @@
-"""Byte sizes written the way users write them in configs ('200GB', '500MiB')."""
+"""Byte sizes as configs write them ('200GB', '500MiB') and logs show."""
 import re
 from typing import Union
 
@@ -26,8 +26,9 @@ def parse_size(size: Union[int, float, str], name: str = 'size') -> int:
 
     Accepts a non-negative number (a float is rounded down) or a string: a
     number followed by an optional unit, decimal (``KB``, ``MB``, ``GB``,
-    ``TB``; 1 GB = 10**9 bytes, as disk vendors and ``df -H`` count) or binary (``KiB``, ``MiB``, ``GiB``,
-    ``TiB``). Case does not matter; ``'1.5GB'`` is 1_500_000_000.
+    ``TB``; 1 GB = 10**9 bytes, as disk vendors and ``df -H`` count) or
+    binary (``KiB``, ``MiB``, ``GiB``, ``TiB``). Case does not matter;
+    ``'1.5GB'`` is 1_500_000_000.
 
     Args:
         size (int | float | str): The size.
@@ -41,7 +42,7 @@ def parse_size(size: Union[int, float, str], name: str = 'size') -> int:
         raise ValueError(f'{name} must be a byte count, got {size!r}')
     if isinstance(size, (int, float)):
         if not size >= 0:
-            raise ValueError(f'{name} must not be negative, got {size}')
+            raise ValueError(f'{name} must be >= 0 bytes, got {size!r}')
         return int(size)
     if not isinstance(size, str):
         raise ValueError(
