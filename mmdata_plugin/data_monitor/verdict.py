@@ -64,12 +64,12 @@ def batches_were_early(rank: dict) -> bool:
     ``slack`` is how long before the step asked for it a batch was
     finished; a batch that was already finished can only be waited for
     while it is handed over (``transfer``). When that is the typical case
-    (median slack longer than the mean hand-over) and the hand-over is most
-    of the wait, the workers keep up and the hand-over is what the step
-    waits for.
+    (median slack longer than the mean hand-over), the hand-over is most
+    of the wait and the step waits noticeably (a moderate waiting share),
+    the workers keep up and the hand-over is what the step waits for.
     """
     transfer, wait = rank['transfer']['mean'], rank['wait']['mean']
-    return (transfer > 0 and transfer >= 0.5 * wait
+    return (rank['wait_share'] >= MODERATE and transfer >= 0.5 * wait
             and rank['slack']['p50'] > transfer)
 
 
@@ -107,8 +107,8 @@ def _transfer_advice(rank: dict, context: dict) -> str:
              'hand-over, or a training process short of CPU. '
              ) if batches_were_early(rank) else ''
     pin = '' if pinned else (
-        ' With a GPU, set pin_memory=True: page-locked batches copy to the GPU '
-        'asynchronously.')
+        ' With a GPU, set pin_memory=True: page-locked batches copy to the '
+        'GPU asynchronously.')
     return (f'Moving a batch to the training process takes {ms:.1f} ms '
             f'({how}). {early}Hand over fewer, larger tensors: collate each '
             'field into one stacked tensor per batch (uint8 images, '
