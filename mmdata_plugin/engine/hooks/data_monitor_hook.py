@@ -38,9 +38,9 @@ class DataMonitorHook(Hook):
     fork and spawn workers and wrapped datasets. What the model receives is
     unchanged.
 
-    Outputs: ``dm_wait_time``, ``dm_worker_time`` (seconds) and
+    Outputs: ``dm_wait_time``, ``dm_worker_time`` (seconds, means) and
     ``dm_input_bound`` (share of step time spent waiting) in the log line
-    and every visualizer backend, from the counted steps of the logging
+    and every visualizer backend, over the counted steps of the logging
     interval only (none counted: not logged); per-stage and
     per-transform ms every ``interval`` steps to the visualizer; a
     per-worker table every ``table_interval`` iterations; at the end a
@@ -103,7 +103,8 @@ class DataMonitorHook(Hook):
         self.monitor: Optional[DataLoaderMonitor] = None
         self._logger: Optional[LoggerHook] = None
         self._logged = False
-        self._waited = self._busy = 0.0
+        self._steps = self._batches = 0
+        self._waited = self._busy = self._worker_sum = 0.0
         self._warned_blind = False
 
     # ------------------------------------------------------------ train
@@ -149,7 +150,7 @@ class DataMonitorHook(Hook):
             self._warn_if_blind(runner)
             return
         if step['counted']:
-            self._publish_step(runner, step)
+            self._count_step(step)
         if point is not None and get_rank() == 0:
             scalars = {
                 'data_monitor/wait_time': point['wait'],
@@ -163,15 +164,27 @@ class DataMonitorHook(Hook):
             })
             runner.visualizer.add_scalars(scalars, step=runner.iter + 1)
 
-    def _publish_step(self, runner, step: dict) -> None:
+    def _count_step(self, step: dict) -> None:
+        self._steps += 1
         self._waited += step['wait']
         self._busy += step['compute'] or 0.0
-        hub = runner.message_hub
-        hub.update_scalar('train/dm_wait_time', step['wait'])
         if step['worker'] is not None:
-            hub.update_scalar('train/dm_worker_time', step['worker'])
+            self._worker_sum += step['worker']
+            self._batches += 1
+
+    def _publish_interval(self, runner) -> None:
+        """Put the interval's means into the message hub for LoggerHook
+        (one update per log line: HistoryBuffer.update copies its array)."""
+        if not self._steps:
+            return
+        hub = runner.message_hub
+        hub.update_scalar('train/dm_wait_time', self._waited / self._steps)
+        if self._batches:
+            hub.update_scalar('train/dm_worker_time',
+                              self._worker_sum / self._batches)
+        span = self._waited + self._busy
         hub.update_scalar('train/dm_input_bound',
-                          self._waited / (self._waited + self._busy))
+                          self._waited / span if span else 0.0)
 
     def _start_log_interval(self, runner) -> None:
         """Forget the dm_* values of the last logging interval.
@@ -184,7 +197,8 @@ class DataMonitorHook(Hook):
         scalars = runner.message_hub.log_scalars
         for key in LOG_SCALARS:
             scalars.pop(key, None)
-        self._waited = self._busy = 0.0
+        self._steps = self._batches = 0
+        self._waited = self._busy = self._worker_sum = 0.0
         self._logged = False
 
     def _logger_logs(self, runner, batch_idx: int) -> bool:
@@ -216,6 +230,8 @@ class DataMonitorHook(Hook):
                          outputs=None) -> None:
         if self.monitor is not None:
             self._logged = self._logger_logs(runner, batch_idx)
+            if self._logged:
+                self._publish_interval(runner)
         if (self.monitor is None or not self.table_interval
                 or not self.every_n_train_iters(runner, self.table_interval)):
             return
