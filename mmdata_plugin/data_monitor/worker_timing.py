@@ -20,9 +20,9 @@ only every K-th batch of a process is timed in stages (a *timed* batch), the
 others run the original, unwrapped transforms (a :class:`TimingPlan` swaps
 the pipeline lists at batch boundaries) and record only what is exact for
 every batch: its start, end, CPU time and samples. K is chosen after each
-timed batch from what that batch cost and how many regions it timed, so
-that timing stays under :data:`TARGET_OVERHEAD` of the worker time: heavy
-samples are all timed, a 100 us sample about one batch in 30. No random
+timed batch from its CPU time and how many regions it timed, so that timing
+stays under :data:`TARGET_OVERHEAD` of the worker's CPU time: heavy samples
+are all timed, 100 us samples about one batch in 30. No random
 number is drawn: the choice is a countdown.
 """
 import math
@@ -162,24 +162,31 @@ class BatchAccumulator:
         stages = self.stages
         stages[COLLATE] = stages.get(COLLATE, 0.0) + (
             collate_end - collate_start)
+        cpu = _thread_time() - self.cpu_first
         record = dict(
             pid=os.getpid(),
             worker=_worker_id(),
             samples=self.samples,
             start=self.t_first,
             end=collate_end,
-            cpu=_thread_time() - self.cpu_first,
+            cpu=cpu,
             stages=stages,
             drops=self.drops,
             refetch_time=self.refetch_time,
             timed=self.timing)
         if self.plans:
-            self._schedule(collate_end - self.t_first)
+            self._schedule(cpu)
         self.reset()
         return record
 
-    def _schedule(self, batch_time: float) -> None:
-        """Choose whether the next batch is timed (a countdown)."""
+    def _schedule(self, batch_cpu: float) -> None:
+        """Choose whether the next batch is timed (a countdown).
+
+        The timing cost is CPU work, so it is weighed against the batch's
+        CPU time: wall time would shrink K when other jobs slow the worker
+        down, and a batch that waits for files gains nothing from timing
+        more often.
+        """
         if self.timing:
             fixed = self.plans[0].sample_every
             if fixed is not None:
@@ -189,7 +196,7 @@ class BatchAccumulator:
                 self.every = min(
                     MAX_EVERY,
                     max(1, math.ceil(cost /
-                                     (TARGET_OVERHEAD * max(batch_time,
+                                     (TARGET_OVERHEAD * max(batch_cpu,
                                                             1e-9)))))
             self.countdown = self.every
         self.batches += 1
