@@ -73,6 +73,13 @@ def batches_were_early(rank: dict) -> bool:
             and rank['slack']['p50'] > transfer)
 
 
+def stage_stderr(rank: dict, key: str) -> float:
+    """Standard error (ms) of a stage's mean; 0 where every batch was
+    timed (reports of older versions have none)."""
+    stats = rank['stages'].get(key) or rank['transforms'].get(key) or {}
+    return stats.get('stderr', 0.0)
+
+
 def find_bottleneck(rank: dict, num_workers: int):
     """The stage that limits delivery, and its share of worker time.
 
@@ -286,10 +293,16 @@ def judge(ranks: List[dict], context: dict) -> dict:
     summary = (f'Input-bound: {level.upper()}: '
                f"{100 * worst['wait_share']:.1f}% of step time is spent "
                f'waiting for data{where}.')
+    # Stage figures are estimated from the timed batches: their error.
+    bottleneck_stderr = (
+        stage_stderr(worst, bottleneck) / worst['worker']['mean']
+        if bottleneck and bottleneck != 'transfer' else 0.0)
     if bottleneck:
         of = 'step time' if bottleneck == 'transfer' else 'worker time'
+        error = (f' +- {_pct(bottleneck_stderr)}'
+                 if bottleneck_stderr >= 0.005 else '')
         summary += (f' Bottleneck: {stage_label(bottleneck)} '
-                    f'({_pct(bottleneck_share)} of {of}).')
+                    f'({_pct(bottleneck_share)}{error} of {of}).')
     advice = []
     for topic, text in (('rank', _rank_advice(measured, worst)),
                         ('workers',
@@ -313,6 +326,7 @@ def judge(ranks: List[dict], context: dict) -> dict:
         worker_ms=worst['worker']['mean'],
         bottleneck=bottleneck,
         bottleneck_share=bottleneck_share,
+        bottleneck_stderr=bottleneck_stderr,
         workers_needed=needed,
         num_workers=workers,
         summary=summary,

@@ -216,6 +216,10 @@ def test_sampled_batches_estimate_stages_and_keep_totals_exact():
     assert transforms['02_Sleep']['mean'] >= 2 * 2
     assert transforms['02_Sleep']['count'] == 5
     assert transforms['02_Sleep']['stderr'] > 0  # estimated: 5 of 23
+    verdict = report['verdict']
+    assert verdict['bottleneck'] == '02_Sleep'
+    assert verdict['bottleneck_stderr'] == pytest.approx(
+        transforms['02_Sleep']['stderr'] / rank['worker']['mean'])
     assert rank['stages']['io']['count'] == 5
     assert type(dataset) is SleepyDataset
     assert not any(
