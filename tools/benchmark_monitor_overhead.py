@@ -7,7 +7,7 @@ import os.path as osp
 import statistics
 import time
 from types import SimpleNamespace
-from typing import Callable, Dict, Iterator, List
+from typing import Callable, Dict, Iterator, List, Optional
 
 import cv2
 import mmcv
@@ -40,7 +40,7 @@ def parse_args():
         'memory, flip, pack; batch 32) and on a config\'s train pipeline: '
         '(1) loader throughput: two loaders read in alternating chunks '
         '(plain, monitored, monitored, plain per round), median ratio; '
-        '(2) per sample, in one process: alternating passes of a '
+        '(2) CPU per sample, in one process: alternating passes of a '
         'worker-less plain and monitored loader; (3) per step in the '
         'training process: DataMonitorHook replaying recorded batches.')
     parser.add_argument(
@@ -150,26 +150,50 @@ def take(iterator: Iterator, batches: int) -> int:
     return sum(len(next(iterator)['inputs']) for _ in range(batches))
 
 
+def worker_cpu(iterator) -> Optional[float]:
+    """CPU seconds used so far by the loader's worker processes (Linux).
+
+    Reads the private ``_workers`` list of torch's multi-process iterator:
+    a benchmark-only shortcut to tell two loaders' workers apart.
+    """
+    total = 0.0
+    for worker in getattr(iterator, '_workers', []):
+        try:
+            with open(f'/proc/{worker.pid}/stat') as f:
+                fields = f.read().rsplit(')', 1)[1].split()
+        except OSError:
+            return None
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf(
+            'SC_CLK_TCK')
+    return total
+
+
 def interleaved(build: Callable[[int], DataLoader], num_workers: int,
-                rounds: int, batches: int, warmup: int) -> List[float]:
-    """Per-round ratios monitored/plain of samples per second."""
+                rounds: int, batches: int, warmup: int):
+    """Per-round ratios monitored/plain of samples per second, and the
+    ratio plain/monitored of CPU seconds per sample (workers + this
+    process; steadier than wall time when other jobs share the cores)."""
     loaders = {m: build(num_workers) for m in MODES}
     monitor = DataLoaderMonitor(loaders['monitored']).install()
     iterators = {m: iter(loader) for m, loader in loaders.items()}
-    for mode in MODES:
-        take(iterators[mode], warmup)
+    samples = {m: take(iterators[m], warmup) for m in MODES}
+    main_cpu = {m: 0.0 for m in MODES}
+    timed = {m: 0 for m in MODES}
     ratios = []
     try:
         for _ in range(rounds):
             rates: Dict[str, List[float]] = {m: [] for m in MODES}
             for mode in ('plain', 'monitored', 'monitored', 'plain'):
-                start = time.perf_counter()
+                cpu, start = time.process_time(), time.perf_counter()
                 n = take(iterators[mode], batches)
                 rates[mode].append(n / (time.perf_counter() - start))
+                main_cpu[mode] += time.process_time() - cpu
+                timed[mode] += n
             ratios.append(
                 statistics.mean(rates['monitored']) /
                 statistics.mean(rates['plain']))
     finally:
+        workers = {m: worker_cpu(iterators[m]) for m in MODES}
         sampling = monitor.summary()['sampling']
         monitor.uninstall()
         for iterator in iterators.values():
@@ -178,15 +202,28 @@ def interleaved(build: Callable[[int], DataLoader], num_workers: int,
                 shutdown()
     print(f"  timed batches: {sampling['timed_batches']} "
           f"({100 * sampling['timed_share']:.1f}% of the counted ones)")
-    return ratios
+    cpu_ratio = None
+    if None not in workers.values():
+        # Worker CPU covers warm-up and prefetched batches too; this
+        # process's only the timed chunks.
+        per_sample = {
+            m: workers[m] / (samples[m] + timed[m]) + main_cpu[m] / timed[m]
+            for m in MODES
+        }
+        cpu_ratio = per_sample['plain'] / per_sample['monitored']
+        print('  CPU per sample (workers + training process): ' +
+              ', '.join(f'{m} {1e6 * per_sample[m]:.1f} us' for m in MODES))
+    return ratios, cpu_ratio
 
 
 def in_process(build: Callable[[int], DataLoader], rounds: int,
                batches: int) -> Dict[str, float]:
-    """Seconds per sample of worker-less loaders, and recorded batches.
+    """CPU seconds per sample of worker-less loaders (medians), and the
+    recorded batches.
 
     The whole cost in one process: timed fetches and transforms, the
-    untimed batches' counting, records, and the monitor's bookkeeping.
+    untimed batches' counting, records, and the monitor's bookkeeping. CPU
+    time, not wall time: other jobs on the machine barely move it.
     """
     loaders = {m: build(0) for m in MODES}
     monitor = DataLoaderMonitor(loaders['monitored']).install()
@@ -205,9 +242,9 @@ def in_process(build: Callable[[int], DataLoader], rounds: int,
         monitor._on_batch = record
         for _ in range(rounds):
             for mode in MODES:
-                start = time.perf_counter()
+                start = time.process_time()
                 n = take(iterators[mode], batches)
-                times[mode].append((time.perf_counter() - start) / n)
+                times[mode].append((time.process_time() - start) / n)
     finally:
         monitor.uninstall()
     result = {m: statistics.median(times[m]) for m in MODES}
@@ -254,11 +291,11 @@ def measure(name: str, build: Callable[[int], DataLoader], args) -> dict:
     print(f'{name}: batch_size={probe.batch_size}, {args.workers} workers '
           f'per loader; {args.rounds} rounds x (plain, monitored, '
           f'monitored, plain) x {args.batches} batches', flush=True)
-    ratios = interleaved(build, args.workers, args.rounds, args.batches,
-                         args.warmup)
+    ratios, cpu_ratio = interleaved(build, args.workers, args.rounds,
+                                    args.batches, args.warmup)
     print(f'  throughput ratio monitored/plain per round: '
           f"{', '.join(f'{r:.3f}' for r in ratios)}")
-    row = dict(case=name, ratio=statistics.median(ratios))
+    row = dict(case=name, ratio=statistics.median(ratios), cpu=cpu_ratio)
     if args.process_rounds:
         costs = in_process(build, args.process_rounds, args.batches)
         plain, monitored = costs['plain'], costs['monitored']
@@ -276,10 +313,11 @@ def main():
     if 'demo' in args.cases:
         builders['demo'] = config_loader(args)
     rows = [measure(case, builders[case], args) for case in args.cases]
-    print('\ncase   throughput ratio   sample (one process)   monitor per '
-          'sample         per step (training process)')
+    print('\ncase   throughput ratio  CPU ratio   sample (one process)   '
+          'monitor per sample         per step (training process)')
     for row in rows:
-        line = f"{row['case']:<6} {row['ratio']:>9.3f} (>=0.99)"
+        cpu = f"{row['cpu']:.3f}" if row['cpu'] is not None else '-'
+        line = f"{row['case']:<6} {row['ratio']:>9.3f} (>=0.99) {cpu:>7}"
         if 'sample_us' in row:
             line += (f"   {row['sample_us']:>10.1f} us        "
                      f"{row['cost_us']:>6.2f} us = "
