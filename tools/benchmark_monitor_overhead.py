@@ -23,12 +23,15 @@ from torch.utils.data import DataLoader
 
 import mmdata_plugin  # noqa: F401  (registers the demo components)
 from mmdata_plugin.data_monitor import DataLoaderMonitor
+from mmdata_plugin.data_monitor.instrument import LoaderInstrumentation
+from mmdata_plugin.data_monitor.worker_timing import ACCUMULATOR
 from mmdata_plugin.engine import DataMonitorHook
 from mmdata_plugin.transforms import PackImageLabelInputs
 from mmdata_plugin.utils import make_demo_dataset
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 MODES = ('plain', 'monitored')
+FETCH_PATHS = ('plain', 'untimed', 'timed')
 CASES = ('cheap', 'demo')
 
 
@@ -221,6 +224,8 @@ def in_process(build: Callable[[int], DataLoader], rounds: int,
     """CPU seconds per sample of worker-less loaders (medians), and the
     recorded batches.
 
+    Alternating chunks of a plain and a monitored loader without workers.
+
     The whole cost in one process: timed fetches and transforms, the
     untimed batches' counting, records, and the monitor's bookkeeping. CPU
     time, not wall time: other jobs on the machine barely move it.
@@ -250,6 +255,41 @@ def in_process(build: Callable[[int], DataLoader], rounds: int,
     result = {m: statistics.median(times[m]) for m in MODES}
     result['records'] = recorded
     return result
+
+
+def fetch_paths(build: Callable[[int], DataLoader], rounds: int,
+                per_round: int = 160) -> Dict[str, float]:
+    """CPU seconds of ``dataset[i]`` per sample: plain, in an untimed batch
+    (the sampled monitor's usual path) and in a timed batch (medians of
+    alternating passes over the same indices)."""
+    loader = build(0)
+    dataset = loader.dataset
+    instrumentation = LoaderInstrumentation(loader)
+    size = len(dataset)
+
+    def per_sample(start: int) -> float:
+        began = time.process_time()
+        for index in range(start, start + per_round):
+            dataset[index % size]
+        return (time.process_time() - began) / per_round
+
+    times: Dict[str, List[float]] = {m: [] for m in FETCH_PATHS}
+    for round_index in range(rounds):
+        start = round_index * per_round
+        times['plain'].append(per_sample(start))
+        instrumentation.install()
+        try:
+            plan = instrumentation.plan
+            ACCUMULATOR.register(plan)
+            for timed in (False, True):
+                ACCUMULATOR.timing = timed
+                plan.apply(timed)
+                times['timed' if timed else 'untimed'].append(
+                    per_sample(start))
+        finally:
+            ACCUMULATOR.reset()
+            instrumentation.uninstall()
+    return {m: statistics.median(times[m]) for m in FETCH_PATHS}
 
 
 def per_step(loader: DataLoader, recorded: list, repeat: int = 5) -> float:
@@ -297,6 +337,12 @@ def measure(name: str, build: Callable[[int], DataLoader], args) -> dict:
           f"{', '.join(f'{r:.3f}' for r in ratios)}")
     row = dict(case=name, ratio=statistics.median(ratios), cpu=cpu_ratio)
     if args.process_rounds:
+        paths = fetch_paths(build, args.process_rounds)
+        print(f"  dataset[i] per sample, CPU: plain {1e6 * paths['plain']:.1f}"
+              f" us; in an untimed batch "
+              f"{1e6 * (paths['untimed'] - paths['plain']):+.2f} us, in a "
+              f"timed batch {1e6 * (paths['timed'] - paths['plain']):+.2f}"
+              ' us')
         costs = in_process(build, args.process_rounds, args.batches)
         plain, monitored = costs['plain'], costs['monitored']
         row.update(
