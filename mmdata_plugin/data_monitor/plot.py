@@ -8,7 +8,7 @@ import math
 import textwrap
 from typing import List, Optional, Tuple
 
-from .report import select_rank
+from .report import format_context, select_rank
 from .statistics import BASE_STAGES
 from .verdict import HIGH, MODERATE, input_bound_level, stage_label
 
@@ -103,7 +103,8 @@ def plot_report(report: dict,
 
 def _integer_steps(ax) -> None:
     from matplotlib.ticker import MaxNLocator
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True, steps=[1, 2, 5,
+                                                                10]))
 
 
 def _style(ax, title: str, xlabel: str = '', ylabel: str = '') -> None:
@@ -144,7 +145,7 @@ def _plot_breakdown(ax, legend_ax, rank: dict, workers: int) -> None:
     top = max(stacked, 1e-3) * 1.15
     label = (f'in-time limit: {parallel} worker{"s" if parallel > 1 else ""}'
              ' x compute per step')
-    if min(budget) <= 4 * top:
+    if min(budget) <= 2 * top:  # else the stack would be squashed
         top = max(top, 1.08 * max(budget))
         ax.plot(steps, budget, color='black', ls='--', lw=2, label=label)
     else:
@@ -251,13 +252,15 @@ def _plot_ranks(ax, report: dict) -> None:
 def _write_advice(ax, report: dict) -> None:
     ax.axis('off')
     advice = report['advice']
-    lines = ['Advice:'] if advice else ['No advice: the loader keeps up.']
+    lines = textwrap.wrap(f'Setup: {format_context(report)}.', 62)
+    lines += [''] + (['Advice:'] if advice else
+                     ['No advice: the loader keeps up.'])
     for item in advice[:4]:
         lines += textwrap.wrap(
             item['text'], 62, initial_indent='- ', subsequent_indent='  ')
     fig_height = ax.figure.get_size_inches()[1] * 72  # points
     rows = max(1, math.floor(ax.get_position().height * fig_height /
-                             ((FONT - 1) * 1.25)))
+                             ((FONT - 1) * 1.2)))
     if len(lines) > rows:
         lines = lines[:rows - 1] + ['  ... (all of it: data_monitor.json)']
     ax.text(0, 1, '\n'.join(lines), va='top', ha='left', fontsize=FONT - 1,
