@@ -262,6 +262,8 @@ def test_env_variable_turns_the_hook_on_and_off():
 def test_bad_arguments_are_named():
     with pytest.raises(ValueError, match='interval=0'):
         DataMonitorHook(interval=0)
+    with pytest.raises(ValueError, match='sample_every=0'):
+        DataMonitorHook(sample_every=0)
 
 
 SLOW_RANK_PLUGIN = '''

@@ -88,6 +88,9 @@ class DataMonitorHook(Hook):
                 f'and warmup_iters >= 0, got interval={interval}, '
                 f'table_interval={table_interval}, '
                 f'warmup_iters={warmup_iters}')
+        if sample_every is not None and sample_every < 1:
+            raise ValueError('DataMonitorHook needs sample_every=None or >= '
+                             f'1, got sample_every={sample_every}')
         self.interval = interval
         self.table_interval = table_interval
         self.monitor_args = dict(
