@@ -10,7 +10,7 @@ from typing import List, Optional, Tuple
 
 from .report import format_context, select_rank
 from .statistics import BASE_STAGES
-from .verdict import HIGH, MODERATE, input_bound_level, stage_label
+from .verdict import HIGH, MODERATE, input_bound_level
 
 #: Transforms drawn individually; the cheaper ones are summed as "other".
 MAX_TRANSFORMS = 6
