@@ -297,7 +297,10 @@ def per_step(loader: DataLoader, recorded: list, repeat: int = 5) -> float:
     ``repeat`` replays of the recorded batches, 20 times each).
 
     The hook runs on a stand-in runner with mmengine's MessageHub and a
-    LoggerHook of interval 10 (the hook publishes at its log lines).
+    LoggerHook of interval 10 (the hook publishes at its log lines); its
+    private ``_logger`` / ``_start_log_interval`` and the monitor's
+    ``_on_batch`` are what ``before_train`` and the DataLoader iterator
+    would call: a benchmark-only shortcut around a whole Runner.
     """
     steps = recorded * 20
     runs = []
