@@ -1,58 +1,153 @@
-# Loader throughput on the demo pipeline with and without the data monitor.
+# What the data monitor costs: loader throughput with and without it, the
+# per-sample cost in one process and the per-step cost in the training
+# process, on a cheap pipeline and on a config's (the demo's by default).
 import argparse
 import os
 import os.path as osp
 import statistics
 import time
-from typing import Dict, Iterator, List, Optional
+from types import SimpleNamespace
+from typing import Callable, Dict, Iterator, List, Optional
 
+import cv2
+import mmcv
+import numpy as np
+from mmcv.transforms import RandomFlip
 from mmengine.config import Config, DictAction
+from mmengine.dataset import BaseDataset, InfiniteSampler, default_collate
+from mmengine.hooks import LoggerHook
+from mmengine.logging import MessageHub
 from mmengine.runner import Runner
 from mmengine.utils.dl_utils import set_multi_processing
+from torch.utils.data import DataLoader
 
 import mmdata_plugin  # noqa: F401  (registers the demo components)
 from mmdata_plugin.data_monitor import DataLoaderMonitor
 from mmdata_plugin.data_monitor.instrument import LoaderInstrumentation
+from mmdata_plugin.data_monitor.worker_timing import ACCUMULATOR
+from mmdata_plugin.engine import DataMonitorHook
+from mmdata_plugin.transforms import PackImageLabelInputs
 from mmdata_plugin.utils import make_demo_dataset
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 MODES = ('plain', 'monitored')
+FETCH_PATHS = ('plain', 'untimed', 'timed')
+CASES = ('cheap', 'demo')
 
 
 def parse_args():
     parser = argparse.ArgumentParser(
-        description='Measure the DataLoader throughput of a config\'s train '
-        'pipeline without and with DataLoaderMonitor (what DataMonitorHook '
-        'runs; per-transform timing and IO/decode split on). Two loaders '
-        'run side by side and are read in alternating chunks (plain, '
-        'monitored, monitored, plain per round), so that changes in the '
-        'machine\'s load hit both alike; prints the median ratio.')
+        description='Measure what DataLoaderMonitor (what DataMonitorHook '
+        'runs; per-transform timing and IO/decode split on, sampling as by '
+        'default) costs, on a cheap pipeline (64x64 JPEGs decoded from '
+        'memory, flip, pack; batch 32) and on a config\'s train pipeline: '
+        '(1) loader throughput: two loaders read in alternating chunks '
+        '(plain, monitored, monitored, plain per round), median ratio; '
+        '(2) CPU per sample, in one process: alternating passes of a '
+        'worker-less plain and monitored loader; (3) per step in the '
+        'training process: DataMonitorHook replaying recorded batches.')
+    parser.add_argument(
+        '--cases',
+        nargs='+',
+        choices=CASES,
+        default=list(CASES),
+        help='pipelines to measure')
     parser.add_argument(
         '--config',
-        default=osp.join(ROOT, 'configs', 'demo', 'tinycnn_demo-jpeg.py'))
+        default=osp.join(ROOT, 'configs', 'demo', 'tinycnn_demo-jpeg.py'),
+        help='the "demo" case\'s config')
     parser.add_argument(
         '--data-root',
         default=osp.join(ROOT, 'data', 'demo'),
         help='demo data (written there first if missing)')
     parser.add_argument(
-        '--rounds', type=int, default=20, help='rounds of four chunks')
+        '--workers', type=int, default=2, help='workers of each loader')
+    parser.add_argument(
+        '--rounds', type=int, default=15, help='rounds of four chunks')
     parser.add_argument(
         '--batches', type=int, default=15, help='timed batches per chunk')
     parser.add_argument(
         '--warmup', type=int, default=10, help='untimed batches per loader')
     parser.add_argument(
-        '--fetch-rounds',
+        '--process-rounds',
         type=int,
-        default=40,
+        default=15,
         help='rounds of the in-process per-sample measurement (0: skip)')
     parser.add_argument(
         '--cfg-options',
         nargs='+',
         action=DictAction,
-        help='override config settings, e.g. train_dataloader.num_workers=4')
+        help='override settings of the demo config')
     return parser.parse_args()
 
 
+# ---------------------------------------------------------------- cheap case
+class DecodeJpegBytes:
+    """Decode ``results['img_bytes']`` with mmcv (the monitor's decode
+    probe sees it)."""
+
+    def __call__(self, results: dict) -> dict:
+        results['img'] = mmcv.imfrombytes(results['img_bytes'])
+        return results
+
+
+class InMemoryJpegs(BaseDataset):
+    """``num`` random 64x64 JPEGs held in memory, 10 labels."""
+
+    def __init__(self, num: int = 1024, **kwargs) -> None:
+        self.num = num
+        super().__init__(**kwargs)
+
+    def load_data_list(self) -> List[dict]:
+        rng = np.random.default_rng(0)
+        return [
+            dict(
+                img_bytes=cv2.imencode(
+                    '.jpg', rng.integers(0, 255, (64, 64, 3),
+                                         dtype=np.uint8))[1].tobytes(),
+                gt_label=i % 10) for i in range(self.num)
+        ]
+
+
+def cheap_loader(num_workers: int) -> DataLoader:
+    dataset = InMemoryJpegs(
+        pipeline=[
+            DecodeJpegBytes(),
+            RandomFlip(prob=0.5),
+            PackImageLabelInputs(meta_keys=())
+        ],
+        serialize_data=False)
+    return DataLoader(
+        dataset,
+        batch_size=32,
+        sampler=InfiniteSampler(dataset, shuffle=True, seed=0),
+        num_workers=num_workers,
+        persistent_workers=num_workers > 0,
+        collate_fn=default_collate)
+
+
+def config_loader(args) -> Callable[[int], DataLoader]:
+    if not osp.isfile(osp.join(args.data_root, 'train.txt')):
+        print(f'Writing the demo data to {args.data_root} ...', flush=True)
+        make_demo_dataset(args.data_root)
+    os.environ['MMDATA_DEMO_ROOT'] = args.data_root
+    cfg = Config.fromfile(args.config)
+    if args.cfg_options:
+        cfg.merge_from_dict(args.cfg_options)
+    set_multi_processing(**cfg.get('env_cfg', {}).get('mp_cfg', {}))
+
+    def build(num_workers: int) -> DataLoader:
+        loader_cfg = cfg.train_dataloader.copy()
+        loader_cfg.update(
+            num_workers=num_workers, persistent_workers=num_workers > 0)
+        if not num_workers:
+            loader_cfg.pop('prefetch_factor', None)
+        return Runner.build_dataloader(loader_cfg, seed=0)
+
+    return build
+
+
+# ---------------------------------------------------------------- measures
 def take(iterator: Iterator, batches: int) -> int:
     """Samples in the next ``batches`` batches."""
     return sum(len(next(iterator)['inputs']) for _ in range(batches))
@@ -76,112 +171,210 @@ def worker_cpu(iterator) -> Optional[float]:
     return total
 
 
-def fetch_cost(loader_cfg, rounds: int, per_round: int = 100) -> None:
-    """Per-sample cost of the worker-side timing, in this process.
+def interleaved(build: Callable[[int], DataLoader], num_workers: int,
+                rounds: int, batches: int, warmup: int):
+    """Per-round ratios monitored/plain of samples per second, and the
+    ratio plain/monitored of CPU seconds per sample (workers + this
+    process; steadier than wall time when other jobs share the cores)."""
+    loaders = {m: build(num_workers) for m in MODES}
+    monitor = DataLoaderMonitor(loaders['monitored']).install()
+    iterators = {m: iter(loader) for m, loader in loaders.items()}
+    samples = {m: take(iterators[m], warmup) for m in MODES}
+    main_cpu = {m: 0.0 for m in MODES}
+    timed = {m: 0 for m in MODES}
+    ratios = []
+    try:
+        for _ in range(rounds):
+            rates: Dict[str, List[float]] = {m: [] for m in MODES}
+            for mode in ('plain', 'monitored', 'monitored', 'plain'):
+                cpu, start = time.process_time(), time.perf_counter()
+                n = take(iterators[mode], batches)
+                rates[mode].append(n / (time.perf_counter() - start))
+                main_cpu[mode] += time.process_time() - cpu
+                timed[mode] += n
+            ratios.append(
+                statistics.mean(rates['monitored']) /
+                statistics.mean(rates['plain']))
+    finally:
+        workers = {m: worker_cpu(iterators[m]) for m in MODES}
+        sampling = monitor.summary()['sampling']
+        monitor.uninstall()
+        for iterator in iterators.values():
+            shutdown = getattr(iterator, '_shutdown_workers', None)
+            if shutdown is not None:
+                shutdown()
+    print(f"  timed batches: {sampling['timed_batches']} "
+          f"({100 * sampling['timed_share']:.1f}% of the counted ones)")
+    cpu_ratio = None
+    if None not in workers.values():
+        # Worker CPU covers warm-up and prefetched batches too; this
+        # process's only the timed chunks.
+        per_sample = {
+            m: workers[m] / (samples[m] + timed[m]) + main_cpu[m] / timed[m]
+            for m in MODES
+        }
+        cpu_ratio = per_sample['plain'] / per_sample['monitored']
+        print('  CPU per sample (workers + training process): ' +
+              ', '.join(f'{m} {1e6 * per_sample[m]:.1f} us' for m in MODES))
+    return ratios, cpu_ratio
 
-    Wall time of ``dataset[i]`` with and without the instrumentation (the
-    timed fetch, every transform, the IO/decode probes), in alternating
-    passes over the same indices: far steadier than loader throughput, and
-    the share it prints is what the monitor costs each worker.
+
+def in_process(build: Callable[[int], DataLoader], rounds: int,
+               batches: int) -> Dict[str, float]:
+    """CPU seconds per sample of worker-less loaders (medians), and the
+    recorded batches.
+
+    Alternating chunks of a plain and a monitored loader without workers.
+
+    The whole cost in one process: timed fetches and transforms, the
+    untimed batches' counting, records, and the monitor's bookkeeping. CPU
+    time, not wall time: other jobs on the machine barely move it.
     """
-    loader_cfg = loader_cfg.copy()
-    loader_cfg.update(num_workers=0, persistent_workers=False)
-    loader_cfg.pop('prefetch_factor', None)
-    loader = Runner.build_dataloader(loader_cfg, seed=0)
+    loaders = {m: build(0) for m in MODES}
+    monitor = DataLoaderMonitor(loaders['monitored']).install()
+    recorded = []
+    on_batch = monitor._on_batch
+
+    def record(requested, received, rec):
+        recorded.append((requested, received, rec))
+        on_batch(requested, received, rec)
+
+    iterators = {m: iter(loader) for m, loader in loaders.items()}
+    times: Dict[str, List[float]] = {m: [] for m in MODES}
+    try:
+        for mode in MODES:
+            take(iterators[mode], batches)  # warm-up
+        monitor._on_batch = record
+        for _ in range(rounds):
+            for mode in MODES:
+                start = time.process_time()
+                n = take(iterators[mode], batches)
+                times[mode].append((time.process_time() - start) / n)
+    finally:
+        monitor.uninstall()
+    result = {m: statistics.median(times[m]) for m in MODES}
+    result['records'] = recorded
+    return result
+
+
+def fetch_paths(build: Callable[[int], DataLoader], rounds: int,
+                per_round: int = 160) -> Dict[str, float]:
+    """CPU seconds of ``dataset[i]`` per sample: plain, in an untimed batch
+    (the sampled monitor's usual path) and in a timed batch (medians of
+    alternating passes over the same indices)."""
+    loader = build(0)
     dataset = loader.dataset
     instrumentation = LoaderInstrumentation(loader)
     size = len(dataset)
 
     def per_sample(start: int) -> float:
-        began = time.perf_counter()
+        began = time.process_time()
         for index in range(start, start + per_round):
             dataset[index % size]
-        return (time.perf_counter() - began) / per_round
+        return (time.process_time() - began) / per_round
 
-    times: Dict[str, List[float]] = {m: [] for m in MODES}
+    times: Dict[str, List[float]] = {m: [] for m in FETCH_PATHS}
     for round_index in range(rounds):
         start = round_index * per_round
         times['plain'].append(per_sample(start))
         instrumentation.install()
         try:
-            times['monitored'].append(per_sample(start))
+            plan = instrumentation.plan
+            ACCUMULATOR.register(plan)
+            for timed in (False, True):
+                ACCUMULATOR.timing = timed
+                plan.apply(timed)
+                times['timed' if timed else 'untimed'].append(
+                    per_sample(start))
         finally:
+            ACCUMULATOR.reset()
             instrumentation.uninstall()
-    plain, monitored = (statistics.median(times[m]) for m in MODES)
-    print(f'per sample in one process ({rounds} alternating passes of '
-          f'{per_round}): plain {1e6 * plain:.1f} us, monitored '
-          f'{1e6 * monitored:.1f} us; the timing costs '
-          f'{1e6 * (monitored - plain):.1f} us = '
-          f'{100 * (monitored - plain) / plain:.2f}% of a sample, ratio '
-          f'plain/monitored {plain / monitored:.3f}')
+    return {m: statistics.median(times[m]) for m in FETCH_PATHS}
+
+
+def per_step(loader: DataLoader, recorded: list, repeat: int = 5) -> float:
+    """CPU seconds per training step of DataMonitorHook (median of
+    ``repeat`` replays of the recorded batches, 20 times each).
+
+    The hook runs on a stand-in runner with mmengine's MessageHub and a
+    LoggerHook of interval 10 (the hook publishes at its log lines); its
+    private ``_logger`` / ``_start_log_interval`` and the monitor's
+    ``_on_batch`` are what ``before_train`` and the DataLoader iterator
+    would call: a benchmark-only shortcut around a whole Runner.
+    """
+    steps = recorded * 20
+    runs = []
+    for _ in range(repeat):
+        hook = DataMonitorHook(warmup_iters=0, settle_iters=0,
+                               table_interval=0)
+        hook.monitor = DataLoaderMonitor(loader, **hook.monitor_args)
+        hook._logger = LoggerHook(interval=10)
+        runner = SimpleNamespace(
+            iter=0,
+            message_hub=MessageHub.get_instance('benchmark_monitor'),
+            visualizer=SimpleNamespace(add_scalars=lambda *a, **k: None),
+            train_dataloader=loader)
+        hook._start_log_interval(runner)
+        offset = 0.0
+        start = time.process_time()
+        for index, (requested, received, rec) in enumerate(steps):
+            runner.iter = index
+            if index % len(recorded) == 0:
+                offset = index  # keep the replayed clock moving forward
+            hook.monitor._on_batch(requested + offset, received + offset,
+                                   rec)
+            hook.before_train_iter(runner, index)
+            hook.after_train_iter(runner, index)
+        runs.append((time.process_time() - start) / len(steps))
+    return statistics.median(runs)
+
+
+def measure(name: str, build: Callable[[int], DataLoader], args) -> dict:
+    probe = build(0)
+    print(f'{name}: batch_size={probe.batch_size}, {args.workers} workers '
+          f'per loader; {args.rounds} rounds x (plain, monitored, '
+          f'monitored, plain) x {args.batches} batches', flush=True)
+    ratios, cpu_ratio = interleaved(build, args.workers, args.rounds,
+                                    args.batches, args.warmup)
+    print(f'  throughput ratio monitored/plain per round: '
+          f"{', '.join(f'{r:.3f}' for r in ratios)}")
+    row = dict(case=name, ratio=statistics.median(ratios), cpu=cpu_ratio)
+    if args.process_rounds:
+        paths = fetch_paths(build, args.process_rounds)
+        print(f"  dataset[i] per sample, CPU: plain {1e6 * paths['plain']:.1f}"
+              f" us; in an untimed batch "
+              f"{1e6 * (paths['untimed'] - paths['plain']):+.2f} us, in a "
+              f"timed batch {1e6 * (paths['timed'] - paths['plain']):+.2f}"
+              ' us')
+        costs = in_process(build, args.process_rounds, args.batches)
+        plain, monitored = costs['plain'], costs['monitored']
+        row.update(
+            sample_us=1e6 * plain,
+            cost_us=1e6 * (monitored - plain),
+            cost_share=(monitored - plain) / plain,
+            step_us=1e6 * per_step(probe, costs['records']))
+    return row
 
 
 def main():
     args = parse_args()
-    if not osp.isfile(osp.join(args.data_root, 'train.txt')):
-        print(f'Writing the demo data to {args.data_root} ...', flush=True)
-        make_demo_dataset(args.data_root)
-    os.environ['MMDATA_DEMO_ROOT'] = args.data_root
-    cfg = Config.fromfile(args.config)
-    if args.cfg_options:
-        cfg.merge_from_dict(args.cfg_options)
-    set_multi_processing(**cfg.get('env_cfg', {}).get('mp_cfg', {}))
-    loader_cfg = cfg.train_dataloader
-    print(f'{osp.basename(args.config)}: batch_size={loader_cfg.batch_size}, '
-          f'num_workers={loader_cfg.num_workers}; {args.rounds} rounds x '
-          f'(plain, monitored, monitored, plain) x {args.batches} batches',
-          flush=True)
-
-    loaders = {m: Runner.build_dataloader(loader_cfg, seed=0) for m in MODES}
-    monitor = DataLoaderMonitor(loaders['monitored']).install()
-    iterators = {m: iter(loader) for m, loader in loaders.items()}
-    samples = {m: take(iterators[m], args.warmup) for m in MODES}
-    main_cpu = {m: 0.0 for m in MODES}
-    seconds = {m: 0.0 for m in MODES}
-    ratios: List[float] = []
-    for round_index in range(args.rounds):
-        rates: Dict[str, List[float]] = {m: [] for m in MODES}
-        for mode in ('plain', 'monitored', 'monitored', 'plain'):
-            cpu, start = time.process_time(), time.perf_counter()
-            n = take(iterators[mode], args.batches)
-            elapsed = time.perf_counter() - start
-            main_cpu[mode] += time.process_time() - cpu
-            seconds[mode] += elapsed
-            samples[mode] += n
-            rates[mode].append(n / elapsed)
-        ratio = statistics.mean(rates['monitored']) / statistics.mean(
-            rates['plain'])
-        ratios.append(ratio)
-        print(f"round {round_index + 1:2d}: plain "
-              f"{statistics.mean(rates['plain']):6.1f}, monitored "
-              f"{statistics.mean(rates['monitored']):6.1f} samples/s, "
-              f'ratio {ratio:.3f}', flush=True)
-
-    workers = {m: worker_cpu(iterators[m]) for m in MODES}
-    monitor.uninstall()
-    for iterator in iterators.values():
-        shutdown = getattr(iterator, '_shutdown_workers', None)
-        if shutdown is not None:
-            shutdown()
-    timed = {m: samples[m] - args.warmup * loader_cfg.batch_size
-             for m in MODES}
-    print('throughput over all chunks: ' + ', '.join(
-        f'{m} {timed[m] / seconds[m]:.1f} samples/s' for m in MODES))
-    print('median ratio monitored/plain, samples per second: '
-          f'{statistics.median(ratios):.3f}  (goal >= 0.99)')
-    if None not in workers.values():
-        # Worker CPU covers warm-up and prefetched batches too; the
-        # training process's CPU only the timed chunks.
-        per_sample = {
-            m: workers[m] / samples[m] + main_cpu[m] / timed[m]
-            for m in MODES
-        }
-        cpu_ratio = per_sample['plain'] / per_sample['monitored']
-        print('CPU per sample (workers + training process): ' + ', '.join(
-            f'{m} {1e3 * per_sample[m]:.3f} ms' for m in MODES) +
-              f'; ratio plain/monitored {cpu_ratio:.3f}')
-    if args.fetch_rounds:
-        fetch_cost(loader_cfg, args.fetch_rounds)
+    builders = dict(cheap=cheap_loader)
+    if 'demo' in args.cases:
+        builders['demo'] = config_loader(args)
+    rows = [measure(case, builders[case], args) for case in args.cases]
+    print('\ncase   throughput ratio  CPU ratio   sample (one process)   '
+          'monitor per sample         per step (training process)')
+    for row in rows:
+        cpu = f"{row['cpu']:.3f}" if row['cpu'] is not None else '-'
+        line = f"{row['case']:<6} {row['ratio']:>9.3f} (>=0.99) {cpu:>7}"
+        if 'sample_us' in row:
+            line += (f"   {row['sample_us']:>10.1f} us        "
+                     f"{row['cost_us']:>6.2f} us = "
+                     f"{100 * row['cost_share']:5.2f}%      "
+                     f"{row['step_us']:>6.1f} us CPU")
+        print(line)
+    print('Medians over interleaved rounds: other jobs on the machine hit '
+          'plain and monitored alike.')
 
 
 if __name__ == '__main__':

@@ -10,13 +10,14 @@ and undone by :meth:`LoaderInstrumentation.uninstall`.
 import logging
 from collections.abc import Mapping
 from functools import partial
-from typing import Callable, Iterator, List, Tuple
+from typing import Callable, Iterator, List, Optional, Tuple
 
 from mmengine.logging import print_log
 from torch.utils.data import DataLoader, IterableDataset
 
 from . import probes
-from .worker_timing import TimedCollate, TimedTransform, timed_dataset_class
+from .worker_timing import (ACCUMULATOR, TimedCollate, TimedTransform,
+                            TimingPlan, timed_dataset_class)
 
 # Instrumentations that may have probes installed in this process (when the
 # loader has no workers, the main process loads the data).
@@ -83,22 +84,29 @@ class LoaderInstrumentation:
         dataloader (DataLoader): The loader to instrument.
         per_transform (bool): Time each pipeline transform.
         split_io_decode (bool): Probe ``fileio.get``/``imfrombytes``.
+        sample_every (int, optional): Time one batch in this many in
+            stages; None chooses it from the measured cost (see
+            :mod:`.worker_timing`), 1 times every batch.
     """
 
     def __init__(self,
                  dataloader: DataLoader,
                  per_transform: bool = True,
-                 split_io_decode: bool = True) -> None:
+                 split_io_decode: bool = True,
+                 sample_every: Optional[int] = None) -> None:
         self.dataloader = dataloader
         self.per_transform = per_transform
         self.split_io_decode = split_io_decode
+        self.sample_every = sample_every
         self.pipelines: List[dict] = []
+        self.plan: Optional[TimingPlan] = None
         self._undo: List[Callable[[], None]] = []
 
     def install(self) -> None:
         if self._undo:
             return
         self.pipelines = []
+        self.plan = TimingPlan(self.sample_every, self.split_io_decode)
         if self.split_io_decode:
             _probe_users.append(self)
             self._undo.append(lambda: _release_probes(self))
@@ -125,6 +133,12 @@ class LoaderInstrumentation:
             self._undo.pop()()
 
     def _time_fetches(self, dataset) -> None:
+        """Switch the dataset to its timed class; it carries the plan.
+
+        Without the switch (an iterable dataset, a ``__slots__`` layout)
+        nothing sees batch boundaries before the collate: every batch is
+        timed.
+        """
         if isinstance(dataset, IterableDataset):
             return  # no per-index fetch; transforms and collate are timed
         base = type(dataset)
@@ -142,9 +156,17 @@ class LoaderInstrumentation:
             return
         self._undo.append(
             partial(object.__setattr__, dataset, '__class__', base))
+        plan = self.plan
+        object.__setattr__(dataset, '_dm_plan', plan)
+        self._undo.append(partial(object.__delattr__, dataset, '_dm_plan'))
+        # Registered where the first timed fetch runs (a worker, or here).
+        self._undo.append(partial(ACCUMULATOR.unregister, plan))
 
     def _wrap_list(self, items: list, prefix: str, pipeline: int,
                    top: bool) -> List[str]:
+        plain = [
+            t.transform if isinstance(t, TimedTransform) else t for t in items
+        ]
         keys = []
         for pos, transform in enumerate(items):
             if isinstance(transform, TimedTransform):
@@ -164,4 +186,5 @@ class LoaderInstrumentation:
             inner = _transform_list(getattr(transform, 'transforms', None))
             if inner is not None:
                 keys += self._wrap_list(inner, f'{key}.', pipeline, False)
+        self.plan.add_list(items, plain)
         return keys

@@ -4,7 +4,13 @@ All durations are kept in seconds and reported in milliseconds. Memory is
 bounded: percentiles come from a deterministically thinned sample (no
 random numbers are drawn anywhere in the monitor), means and maxima from
 exact running sums.
+
+Wait, compute, transfer, slack, worker time, samples and CPU are exact: every
+batch records them. Stage times come from the *timed* batches only (see
+:mod:`.worker_timing`): their means are estimates whenever not every batch
+was timed, reported with their standard error (``stderr``).
 """
+import math
 from collections import defaultdict
 from typing import Dict, List, Optional
 
@@ -42,7 +48,8 @@ class SampleBuffer:
         capacity (int): Most values kept for percentiles.
     """
 
-    __slots__ = ('capacity', 'values', 'stride', 'seen', 'total', 'peak')
+    __slots__ = ('capacity', 'values', 'stride', 'seen', 'total', 'squares',
+                 'peak')
 
     def __init__(self, capacity: int = 4096) -> None:
         self.capacity = capacity
@@ -50,6 +57,7 @@ class SampleBuffer:
         self.stride = 1
         self.seen = 0
         self.total = 0.0
+        self.squares = 0.0
         self.peak = 0.0
 
     def add(self, value: float) -> None:
@@ -60,11 +68,22 @@ class SampleBuffer:
                 self.stride *= 2
         self.seen += 1
         self.total += value
+        self.squares += value * value
         if value > self.peak:
             self.peak = value
 
     def describe(self) -> dict:
         return describe(self.values, self.total, self.seen, self.peak)
+
+    def stderr(self, population: int) -> float:
+        """Standard error (ms) of the mean as an estimate of the mean of
+        ``population`` values of which these are an even sample."""
+        n = self.seen
+        if n < 2 or n >= population:
+            return 0.0
+        mean = self.total / n
+        variance = max(self.squares / n - mean * mean, 0.0) * n / (n - 1)
+        return 1e3 * math.sqrt(variance / n * (1 - n / population))
 
 
 class WorkerStats:
@@ -74,16 +93,20 @@ class WorkerStats:
         self.time = SampleBuffer(capacity)
         self.pids = set()
         self.stage_totals: Dict[str, float] = defaultdict(float)
+        self.timed = 0
         self.transfer = 0.0
         self.slack = 0.0
         self.cpu = 0.0
 
     def add(self, record: dict, worker_time: float, transfer: float,
-            slack: float) -> None:
+            slack: float, timed: bool) -> None:
         self.time.add(worker_time)
         self.pids.add(record['pid'])
-        for key, value in record['stages'].items():
-            self.stage_totals[key] += value
+        if timed:
+            self.timed += 1
+            totals = self.stage_totals
+            for key, value in record['stages'].items():
+                totals[key] += value
         self.transfer += transfer
         self.slack += slack
         self.cpu += record['cpu']
@@ -94,17 +117,17 @@ class WorkerStats:
         stages['transforms'] = 0.0
         for key, total in self.stage_totals.items():
             stages[key if key in stages else 'transforms'] += total
+        timed = max(self.timed, 1)
         return dict(
             worker=worker,
             # Non-persistent workers get a new process every epoch.
             pids=sorted(self.pids)[-8:],
             processes=len(self.pids),
             batches=batches,
+            timed_batches=self.timed,
             time=self.time.describe(),
-            stages={
-                k: 1e3 * v / batches
-                for k, v in stages.items()
-            },
+            stages={k: 1e3 * v / timed
+                    for k, v in stages.items()},
             transfer=1e3 * self.transfer / batches,
             slack=1e3 * self.slack / batches,
             cpu_share=self.cpu / max(self.time.total, 1e-12))
@@ -127,6 +150,8 @@ class StatsBook:
         self.stages: Dict[str, SampleBuffer] = {}
         self.workers: Dict[int, WorkerStats] = {}
         self.samples = 0
+        self.timed = 0
+        self.timed_samples = 0
         self.cpu = 0.0
         self.drops: Dict[str, int] = defaultdict(int)
         self.refetch_time = 0.0
@@ -149,39 +174,45 @@ class StatsBook:
             self.compute.add(compute)
         if record is None:
             return
-        worker_time = record['end'] - record['start']
-        slack = t_request - record['end']
-        transfer = t_received - max(t_request, record['end'])
+        end = record['end']
+        worker_time = end - record['start']
+        slack = t_request - end
+        transfer = t_received - (t_request if t_request > end else end)
         self.worker.add(worker_time)
         self.transfer.add(transfer)
         self.slack.add(slack)
         self.samples += record['samples']
         self.cpu += record['cpu']
-        self.refetch_time += record['refetch_time']
-        for key, count in record['drops'].items():
-            self.drops[key] += count
-        stages = record['stages']
-        for key, buffer in self.stages.items():
-            buffer.add(stages.get(key, 0.0))
-        for key in stages.keys() - self.stages.keys():
-            self._new_stage(key).add(stages[key])
+        # Records of older versions have no 'timed': every batch was.
+        timed = record.get('timed', True)
+        if timed:
+            self._add_stages(record)
         worker = self.workers.get(record['worker'])
         if worker is None:
             worker = self.workers[record['worker']] = WorkerStats(
                 min(self.capacity, 1024))
-        worker.add(record, worker_time, transfer, slack)
+        worker.add(record, worker_time, transfer, slack, timed)
+
+    def _add_stages(self, record: dict) -> None:
+        self.timed += 1
+        self.timed_samples += record['samples']
+        self.refetch_time += record['refetch_time']
+        for key, count in record['drops'].items():
+            self.drops[key] += count
+        stages = record['stages']
+        buffers = self.stages
+        for key, buffer in buffers.items():
+            buffer.add(stages.get(key, 0.0))
+        if not stages.keys() <= buffers.keys():
+            for key in stages.keys() - buffers.keys():
+                self._new_stage(key).add(stages[key])
 
     def _new_stage(self, key: str) -> SampleBuffer:
         buffer = self.stages[key] = SampleBuffer(self.capacity)
-        # Batches before this stage first ran spent no time in it.
-        for _ in range(self.worker.seen - 1):
+        # Timed batches before this stage first ran spent no time in it.
+        for _ in range(self.timed - 1):
             buffer.add(0.0)
         return buffer
-
-    def stage_means(self) -> Dict[str, float]:
-        """Mean seconds per batch of every stage (for timelines)."""
-        batches = max(self.worker.seen, 1)
-        return {key: b.total / batches for key, b in self.stages.items()}
 
     def summary(self) -> dict:
         """The span as plain data (ms); see docs/data_monitor.md."""
@@ -189,9 +220,12 @@ class StatsBook:
         worker_mean = self.worker.total / batches if batches else 0.0
 
         def stage(buffer: SampleBuffer) -> dict:
+            # Over the timed batches: an estimate of all batches' mean.
             described = buffer.describe()
             described['share'] = (
-                buffer.total / batches / worker_mean if worker_mean else 0.0)
+                described['mean'] / 1e3 /
+                worker_mean if worker_mean else 0.0)
+            described['stderr'] = buffer.stderr(batches)
             return described
 
         wait, compute = self.wait.total, self.compute.total
@@ -207,6 +241,9 @@ class StatsBook:
             steps=self.wait.seen,
             batches=batches,
             samples_per_batch=self.samples / batches if batches else 0.0,
+            sampling=dict(
+                timed_batches=self.timed,
+                timed_share=self.timed / batches if batches else 0.0),
             wait=self.wait.describe(),
             compute=self.compute.describe(),
             worker=self.worker.describe(),
@@ -230,11 +267,13 @@ class StatsBook:
                 for key, buffer in sorted(self.stages.items())
                 if key not in BASE_STAGES
             },
+            # Seen in the timed batches (transforms are wrapped there).
             refetch=dict(
                 count=refetched,
-                per_sample=refetched / self.samples if self.samples else 0.0,
-                ms_per_batch=(1e3 * self.refetch_time / batches
-                              if batches else 0.0),
+                per_sample=(refetched / self.timed_samples
+                            if self.timed_samples else 0.0),
+                ms_per_batch=(1e3 * self.refetch_time /
+                              self.timed if self.timed else 0.0),
                 drops=dict(self.drops)),
             workers=[
                 stats.summary(worker)

@@ -22,7 +22,7 @@ STAGE_NAMES = dict(
     decode='image decode',
     fetch='dataset fetch outside the pipeline',
     collate='collate',
-    transfer='transfer to the training process')
+    transfer='hand-over to the training process (transfer)')
 
 
 def input_bound_level(wait_share: float) -> str:
@@ -58,42 +58,77 @@ def stage_costs(rank: dict) -> dict:
     return costs
 
 
+def batches_were_early(rank: dict) -> bool:
+    """Whether the wait is the hand-over of batches that were ready early.
+
+    ``slack`` is how long before the step asked for it a batch was
+    finished; a batch that was already finished can only be waited for
+    while it is handed over (``transfer``). When that is the typical case
+    (median slack longer than the mean hand-over), the hand-over is most
+    of the wait and the step waits noticeably (a moderate waiting share),
+    the workers keep up and the hand-over is what the step waits for.
+    """
+    transfer, wait = rank['transfer']['mean'], rank['wait']['mean']
+    return (rank['wait_share'] >= MODERATE and transfer >= 0.5 * wait
+            and rank['slack']['p50'] > transfer)
+
+
+def stage_stderr(rank: dict, key: str) -> float:
+    """Standard error (ms) of a stage's mean; 0 where every batch was
+    timed (reports of older versions have none)."""
+    stats = rank['stages'].get(key) or rank['transforms'].get(key) or {}
+    return stats.get('stderr', 0.0)
+
+
 def find_bottleneck(rank: dict, num_workers: int):
     """The stage that limits delivery, and its share of worker time.
 
-    Worker stages run on ``num_workers`` processes in parallel, moving a
-    batch to the training process (``transfer``) happens one batch at a
-    time: it is the bottleneck when it takes longer than the costliest
-    worker stage per worker. Its share is then of the step time.
+    Worker stages run on ``num_workers`` processes in parallel, handing a
+    batch over to the training process (``transfer``) happens one batch at
+    a time: it is the bottleneck when batches were ready early and the wait
+    is their hand-over (:func:`batches_were_early`), or when it takes longer
+    than the costliest worker stage per worker. Its share is then of the
+    step time.
     """
     costs = stage_costs(rank)
     if not costs or not rank['worker']['mean']:
         return None, 0.0
     key = max(costs, key=costs.get)
     transfer = rank['transfer']['mean']
-    if num_workers and transfer > costs[key] / num_workers:
+    if batches_were_early(rank) or (num_workers
+                                    and transfer > costs[key] / num_workers):
         step = rank['wait']['mean'] + rank['compute']['mean']
         return 'transfer', transfer / step if step else 0.0
     return key, costs[key] / rank['worker']['mean']
 
 
+def _transfer_advice(rank: dict, context: dict) -> str:
+    ms, slack = rank['transfer']['mean'], rank['slack']['p50']
+    pinned = context.get('pin_memory')
+    how = ('every tensor comes through shared memory, is unpickled' +
+           (' and copied into pinned memory' if pinned else '') +
+           ', one batch at a time')
+    early = (f'Batches were ready {slack:.0f} ms before the step asked for '
+             'them (median): the workers keep up, so more workers or a '
+             'cheaper pipeline will not shorten the wait; it is the '
+             'hand-over, or a training process short of CPU. '
+             ) if batches_were_early(rank) else ''
+    pin = '' if pinned else (
+        ' With a GPU, set pin_memory=True: page-locked batches copy to the '
+        'GPU asynchronously.')
+    return (f'Moving a batch to the training process takes {ms:.1f} ms '
+            f'({how}). {early}Hand over fewer, larger tensors: collate each '
+            'field into one stacked tensor per batch (uint8 images, '
+            "normalised in the model's data_preprocessor) rather than lists "
+            'of per-sample tensors, numpy arrays or Python objects (those '
+            'are pickled through a pipe, tensors travel in shared memory); '
+            f'keep per-sample metadata small.{pin}')
+
+
 def _stage_advice(key: str, rank: dict, context: dict) -> Optional[str]:
     worker_ms = rank['worker']['mean']
     if key == 'transfer':
-        ms, slack = rank['transfer']['mean'], rank['slack']['mean']
-        pin = '' if context.get('pin_memory') else (
-            ', and set pin_memory=True for GPU training')
-        ready = (f'Batches were ready {slack:.0f} ms before they were '
-                 'asked for on average: the time goes to the hand-over '
-                 '(the worker that made the batch is busy with the next '
-                 'one when its tensors are fetched) or to a training '
-                 'process short of CPU. ') if slack > ms else ''
-        return (f'Moving a batch to the training process takes {ms:.1f} ms '
-                '(every tensor is passed through shared memory, then '
-                f'unpickled and pinned). {ready}Collate into few stacked '
-                "uint8 tensors and normalise in the model's "
-                'data_preprocessor, keep per-sample Python objects small'
-                f'{pin}.')
+        return _transfer_advice(rank, context)
     cost = stage_costs(rank).get(key, 0.0)
     share = cost / worker_ms if worker_ms else 0.0
     head = (f'{stage_label(key)} is {_pct(share)} of worker time '
@@ -154,8 +189,8 @@ def _worker_advice(rank: dict, context: dict, needed: Optional[int],
                     f'needed ({basis}); fewer workers would save memory and '
                     'CPU.')
         return None
-    if needed <= workers:
-        return None
+    if needed <= workers or batches_were_early(rank):
+        return None  # enough workers, or the hand-over is what is slow
     if needed * cpu_share > per_rank:
         return (f'{needed} workers would keep up ({basis}), but there are '
                 f'{cores} cores for {local_ranks} rank(s) here: make the '
@@ -258,10 +293,16 @@ def judge(ranks: List[dict], context: dict) -> dict:
     summary = (f'Input-bound: {level.upper()}: '
                f"{100 * worst['wait_share']:.1f}% of step time is spent "
                f'waiting for data{where}.')
+    # Stage figures are estimated from the timed batches: their error.
+    bottleneck_stderr = (
+        stage_stderr(worst, bottleneck) / worst['worker']['mean']
+        if bottleneck and bottleneck != 'transfer' else 0.0)
     if bottleneck:
         of = 'step time' if bottleneck == 'transfer' else 'worker time'
+        error = (f' +- {_pct(bottleneck_stderr)}'
+                 if bottleneck_stderr >= 0.005 else '')
         summary += (f' Bottleneck: {stage_label(bottleneck)} '
-                    f'({_pct(bottleneck_share)} of {of}).')
+                    f'({_pct(bottleneck_share)}{error} of {of}).')
     advice = []
     for topic, text in (('rank', _rank_advice(measured, worst)),
                         ('workers',
@@ -285,6 +326,7 @@ def judge(ranks: List[dict], context: dict) -> dict:
         worker_ms=worst['worker']['mean'],
         bottleneck=bottleneck,
         bottleneck_share=bottleneck_share,
+        bottleneck_stderr=bottleneck_stderr,
         workers_needed=needed,
         num_workers=workers,
         summary=summary,

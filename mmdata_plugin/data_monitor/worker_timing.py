@@ -14,10 +14,21 @@ A DataLoader worker runs its fetches and the collate of one batch one after
 the other in one thread, which is what makes a per-process accumulator
 exact. Datasets that fan a batch out to their own threads are timed as a
 whole, not per transform.
+
+Sampling. Timing a region costs 1.5-2 us, a cheap sample a few of them; so
+only every K-th batch of a process is timed in stages (a *timed* batch), the
+others run the original, unwrapped transforms (a :class:`TimingPlan` swaps
+the pipeline lists at batch boundaries) and record only what is exact for
+every batch: its start, end, CPU time and samples. K is chosen after each
+timed batch from its CPU time and how many regions it timed, so that timing
+stays under :data:`TARGET_OVERHEAD` of the worker's CPU time: heavy samples
+are all timed, 100 us samples about one batch in 30. No random
+number is drawn: the choice is a countdown.
 """
+import math
 import os
 import time
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from torch.utils.data import get_worker_info
 # torch's own recursive pinning (a private module): MonitoredBatch hands its
@@ -34,6 +45,51 @@ _thread_time = time.thread_time
 FETCH = 'fetch'
 COLLATE = 'collate'
 
+#: Measured cost of one timed region inside a real pipeline (two clock
+#: reads, the stack and a dict update, plus the cache misses they cause
+#: between decodes); tools/benchmark_monitor_overhead.py measures it.
+REGION_COST = 2e-6
+#: Share of worker time that timing may cost: K is chosen to stay below it.
+TARGET_OVERHEAD = 0.002
+#: Batches of each process timed in full before sampling starts (they also
+#: measure the cost K is chosen from), and the largest K.
+FULL_BATCHES = 8
+MAX_EVERY = 32
+
+
+class TimingPlan:
+    """The pipeline lists of one instrumented dataset, timed and plain.
+
+    Held by the (class-switched) dataset, so that it travels to spawn
+    workers with it; registered with the accumulator of each process that
+    fetches from the dataset, which calls :meth:`apply` at batch
+    boundaries. At rest the lists hold the timed transforms.
+
+    Args:
+        sample_every (int, optional): Time every this many batches; None
+            chooses it from the measured cost.
+        probes (bool): The IO/decode probes belong to timed batches.
+    """
+
+    def __init__(self, sample_every: Optional[int] = None,
+                 probes: bool = True) -> None:
+        self.sample_every = sample_every
+        self.probes = probes
+        self.lists: List[tuple] = []  # (list, plain items, timed items)
+
+    def add_list(self, items: list, plain: list) -> None:
+        self.lists.append((items, plain, list(items)))
+
+    def apply(self, timed: bool, with_probes: bool = True) -> None:
+        """Put the timed (or the plain) transforms into the lists."""
+        for items, plain, wrapped in self.lists:
+            items[:] = wrapped if timed else plain
+        if self.probes and with_probes:
+            if timed:
+                probes.ensure_installed()
+            else:
+                probes.uninstall()
+
 
 class BatchAccumulator:
     """What the current process has measured since its last batch record.
@@ -46,13 +102,21 @@ class BatchAccumulator:
             dataset then re-fetches another index), per key.
         refetch_time (float): Seconds spent on those dropped attempts.
         attempt_start (dict): Start of the current attempt per pipeline.
+        regions (int): Regions timed in this batch.
+        timing (bool): Whether this batch is timed in stages.
+        plans (list): Registered :class:`TimingPlan` s (none: every batch
+            is timed).
+        every (int): Current K: one batch in ``every`` is timed.
     """
 
     __slots__ = ('stages', 'stack', 'samples', 'drops', 'refetch_time',
-                 'attempt_start', 't_first', 'cpu_first')
+                 'attempt_start', 't_first', 'cpu_first', 'regions',
+                 'timing', 'plans', 'batches', 'countdown', 'every')
 
     def __init__(self) -> None:
         self.stack = []
+        self.plans: List[TimingPlan] = []
+        self.restart_sampling()
         self.reset()
 
     def reset(self) -> None:
@@ -63,6 +127,33 @@ class BatchAccumulator:
         self.attempt_start: Dict[int, float] = {}
         self.t_first: Optional[float] = None
         self.cpu_first = 0.0
+        self.regions = 0
+
+    def restart_sampling(self) -> None:
+        self.timing = True
+        self.batches = 0
+        self.countdown = 0
+        self.every = 1
+
+    def start_batch(self) -> None:
+        self.t_first, self.cpu_first = _perf_counter(), _thread_time()
+
+    def register(self, plan: TimingPlan) -> None:
+        """Sample this process's batches with ``plan`` (from now on)."""
+        if plan in self.plans:
+            return
+        if not self.plans:
+            self.restart_sampling()
+        self.plans.append(plan)
+        plan.apply(self.timing)
+
+    def unregister(self, plan: TimingPlan) -> None:
+        if plan not in self.plans:
+            return
+        self.plans.remove(plan)
+        plan.apply(True, with_probes=False)
+        if not self.plans:
+            self.restart_sampling()
 
     def take_record(self, collate_start: float, collate_end: float) -> dict:
         """The record of the batch just collated; starts the next one."""
@@ -71,18 +162,50 @@ class BatchAccumulator:
         stages = self.stages
         stages[COLLATE] = stages.get(COLLATE, 0.0) + (
             collate_end - collate_start)
+        cpu = _thread_time() - self.cpu_first
         record = dict(
             pid=os.getpid(),
             worker=_worker_id(),
             samples=self.samples,
             start=self.t_first,
             end=collate_end,
-            cpu=_thread_time() - self.cpu_first,
+            cpu=cpu,
             stages=stages,
             drops=self.drops,
-            refetch_time=self.refetch_time)
+            refetch_time=self.refetch_time,
+            timed=self.timing)
+        if self.plans:
+            self._schedule(cpu)
         self.reset()
         return record
+
+    def _schedule(self, batch_cpu: float) -> None:
+        """Choose whether the next batch is timed (a countdown).
+
+        The timing cost is CPU work, so it is weighed against the batch's
+        CPU time: wall time would shrink K when other jobs slow the worker
+        down, and a batch that waits for files gains nothing from timing
+        more often.
+        """
+        if self.timing:
+            fixed = self.plans[0].sample_every
+            if fixed is not None:
+                self.every = fixed
+            elif self.batches >= FULL_BATCHES - 1:
+                cost = (self.regions + 1) * REGION_COST
+                self.every = min(
+                    MAX_EVERY,
+                    max(1, math.ceil(cost /
+                                     (TARGET_OVERHEAD * max(batch_cpu,
+                                                            1e-9)))))
+            self.countdown = self.every
+        self.batches += 1
+        self.countdown -= 1
+        timing = self.countdown <= 0
+        if timing != self.timing:
+            self.timing = timing
+            for plan in self.plans:
+                plan.apply(timing)
 
 
 #: The accumulator of this process (each DataLoader worker has its own copy).
@@ -107,6 +230,7 @@ def timed_call(key: str, fn: Callable, *args, **kwargs) -> Any:
     start = _perf_counter()
     if acc.t_first is None:
         acc.t_first, acc.cpu_first = start, _thread_time()
+    acc.regions += 1
     stack.append(0.0)
     try:
         return fn(*args, **kwargs)
@@ -160,6 +284,7 @@ class TimedTransform:
             acc.t_first, acc.cpu_first = start, _thread_time()
         if self.position == 0:
             acc.attempt_start[self.pipeline] = start
+        acc.regions += 1
         stack.append(0.0)
         try:
             result = self.transform(*args, **kwargs)
@@ -265,17 +390,35 @@ def timed_dataset_class(base: type, split_io_decode: bool) -> type:
 
 
 def _timed_getitem(self, index):
-    if self._dm_probes:
-        probes.ensure_installed()
-    ACCUMULATOR.samples += 1
+    acc = ACCUMULATOR
+    if not acc.timing:  # a batch that is not timed: count, nothing else
+        acc.samples += 1
+        if acc.t_first is None:
+            acc.start_batch()
+        return self._dm_base.__getitem__(self, index)
+    _begin_timed_fetch(self, 1)
     return timed_call(FETCH, self._dm_base.__getitem__, self, index)
 
 
 def _timed_getitems(self, indices):
-    if self._dm_probes:
-        probes.ensure_installed()
-    ACCUMULATOR.samples += len(indices)
+    acc = ACCUMULATOR
+    if not acc.timing:
+        acc.samples += len(indices)
+        if acc.t_first is None:
+            acc.start_batch()
+        return self._dm_base.__getitems__(self, indices)
+    _begin_timed_fetch(self, len(indices))
     return timed_call(FETCH, self._dm_base.__getitems__, self, indices)
+
+
+def _begin_timed_fetch(dataset, samples: int) -> None:
+    acc = ACCUMULATOR
+    plan = dataset.__dict__.get('_dm_plan')
+    if plan is not None and plan not in acc.plans:
+        acc.register(plan)  # the first fetch of this process
+    if dataset._dm_probes:
+        probes.ensure_installed()
+    acc.samples += samples
 
 
 def _reduce_timed_dataset(self, protocol):

@@ -8,7 +8,7 @@ from mmcv.transforms import RandomApply, RandomChoice
 from mmengine.dataset import (ClassBalancedDataset, ConcatDataset,
                               RepeatDataset)
 from monitor_helpers import (DropEvery, Sleep, SleepyCollate, SleepyDataset,
-                             TupleCollate, sleepy_pipeline)
+                             TupleCollate, batch_digest, sleepy_pipeline)
 from torch.utils.data import DataLoader, IterableDataset
 
 from mmdata_plugin.data_monitor import (DataLoaderMonitor, format_report,
@@ -187,6 +187,59 @@ def test_refetched_samples_are_counted_with_their_cost():
     assert refetch['count'] >= 5
     assert refetch['ms_per_batch'] >= 1  # each dropped attempt slept 1 ms
     assert 'refetch' in [a['topic'] for a in report['advice']]
+
+
+def test_sampled_batches_estimate_stages_and_keep_totals_exact():
+    dataset = SleepyDataset(num=48, pipeline=sleepy_pipeline((1, 2)))
+    loader = _loader(dataset, collate_fn=SleepyCollate(1))
+    plain = [batch_digest(b) for b in loader]
+    timed_lists = []
+    with DataLoaderMonitor(loader, warmup_iters=0, sample_every=4) as monitor:
+        batches = []
+        for batch in loader:  # no workers: the lists change here
+            batches.append(batch_digest(batch))
+            timed_lists.append(
+                isinstance(dataset.pipeline.transforms[1], TimedTransform))
+        report = monitor.report()
+    assert batches == plain
+    # After batch b the lists are set for batch b + 1: one in four timed.
+    assert timed_lists[:8] == [False, False, False, True] * 2
+    rank = report['ranks'][0]
+    assert rank['steps'] == rank['batches'] == 23  # start-up not counted
+    assert rank['sampling']['timed_batches'] == 5  # batches 4, 8, ... 20
+    # Exact for every batch: samples, worker time (three sleeps of 2x1,
+    # 2x2 and 1 ms per batch, timed or not).
+    assert rank['samples_per_batch'] == 2
+    assert rank['worker']['p50'] >= 2 * 1 + 2 * 2 + 1
+    assert rank['worker']['count'] == 23
+    transforms = rank['transforms']
+    assert transforms['02_Sleep']['mean'] >= 2 * 2
+    assert transforms['02_Sleep']['count'] == 5
+    assert transforms['02_Sleep']['stderr'] > 0  # estimated: 5 of 23
+    verdict = report['verdict']
+    assert verdict['bottleneck'] == '02_Sleep'
+    assert verdict['bottleneck_stderr'] == pytest.approx(
+        transforms['02_Sleep']['stderr'] / rank['worker']['mean'])
+    assert rank['stages']['io']['count'] == 5
+    assert type(dataset) is SleepyDataset
+    assert not any(
+        isinstance(t, TimedTransform) for t in dataset.pipeline.transforms)
+    assert not hasattr(mmcv.imfrombytes, '_data_monitor_original')
+
+
+def test_cheap_samples_are_sampled_by_their_measured_cost():
+    dataset = SleepyDataset(num=16, pipeline=sleepy_pipeline(()))
+    loader = _loader(dataset)
+    report = measure_dataloader(loader, 48, warmup_iters=0)
+    rank = report['ranks'][0]
+    # Far under 5 ms a sample: timing every batch would cost over 0.2%.
+    assert 0 < rank['sampling']['timed_share'] < 0.5
+    assert set(rank['transforms']) == {
+        '00_LoadImageFromFile', '01_PackImageLabelInputs'
+    }
+    assert rank['stages']['decode']['stderr'] >= 0
+    with pytest.raises(ValueError, match='sample_every must be None or >= 1'):
+        DataLoaderMonitor(loader, sample_every=0)
 
 
 def test_non_dict_batches_and_unbatched_loaders():

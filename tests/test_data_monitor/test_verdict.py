@@ -31,8 +31,14 @@ def fake_rank(rank=0,
               drops=None,
               startups=1,
               steps=40,
+              slack=1.0,
+              samples=4,
               **context):
-    """A rank summary from ``steps`` steps of the given costs (ms)."""
+    """A rank summary from ``steps`` steps of the given costs (ms).
+
+    ``wait`` and ``slack`` (how long before the request the batch was
+    ready; negative: after) may be sequences, cycled through by step.
+    """
     stages = stages or {
         'io': 2.0,
         'decode': 10.0,
@@ -47,19 +53,19 @@ def fake_rank(rank=0,
         scale = 3.0 if worker == slow_worker else 1.0
         costs = {k: scale * v / 1e3 for k, v in stages.items()}
         end = clock + sum(costs.values())
-        requested = end + 1e-3
+        requested = end + _at(slack, step) / 1e3
         record = dict(
             pid=100 + worker,
             worker=worker,
-            samples=4,
+            samples=samples,
             start=clock,
             end=end,
             cpu=cpu * (end - clock),
             stages=costs,
             drops=dict(drops or {}),
             refetch_time=0.0)
-        book.add(wait / 1e3, compute / 1e3, record, requested,
-                 requested + wait / 1e3)
+        waited = _at(wait, step) / 1e3
+        book.add(waited, compute / 1e3, record, requested, requested + waited)
         clock = requested + 1.0
     summary = book.summary()
     summary.update(
@@ -73,6 +79,11 @@ def fake_rank(rank=0,
             wait=dict(
                 mean=800.0, p50=800.0, p90=800.0, max=800.0, count=startups)))
     return summary
+
+
+def _at(value, step):
+    return value[step % len(value)] if isinstance(value, (list, tuple)) else (
+        value)
 
 
 def _report(*ranks, **context):
@@ -89,6 +100,9 @@ def test_levels_follow_the_tf_thresholds():
     assert input_bound_level(0.199) == 'moderate'
     assert input_bound_level(0.2) == 'high'
     assert workers_needed(30.0, 10.0) == 3
+    # Rounded up, not to nearest: 2 workers would deliver every 12.5 ms.
+    assert workers_needed(25.0, 10.0) == 3
+    assert workers_needed(21.0, 10.0) == 3
     assert workers_needed(30.0, 0.1) is None  # a consumer doing nothing
 
 
@@ -193,6 +207,68 @@ def test_slow_transfer_is_the_bottleneck_over_cheap_workers():
     assert report['verdict']['bottleneck'] == 'transfer'
     assert 'Moving a batch to the training process takes 20.0 ms' in (
         report['advice'][-1]['text'])
+
+
+# Issue 14's case: batch 32, 2 workers, 01_BarSleep 59% of worker time.
+HANDOVER_STAGES = {'io': 30.0, 'decode': 40.0, '01_BarSleep': 130.0,
+                   'collate': 20.0}
+EARLY = [500.0 + 80.0 * i / 9 for i in range(10)]  # ready 500-580 ms early
+HANDOVER = [12.0 + 29.0 * i / 9 for i in range(10)]  # wait = transfer
+
+
+@pytest.mark.parametrize('step_ms', [150.0, 40.0])
+def test_batches_ready_early_name_the_hand_over(step_ms):
+    report = _report(
+        fake_rank(
+            wait=HANDOVER,
+            compute=step_ms,
+            slack=EARLY,
+            samples=32,
+            stages=HANDOVER_STAGES))
+    rank, verdict = report['ranks'][0], report['verdict']
+    assert rank['transfer']['mean'] == pytest.approx(rank['wait']['mean'])
+    assert verdict['input_bound'] != 'none'
+    assert verdict['bottleneck'] == 'transfer'
+    assert 'Bottleneck: hand-over to the training process (transfer)' in (
+        verdict['summary'])
+    # More workers would not help: no advice to raise them.
+    assert 'workers' not in _topics(report)
+    text = report['advice'][-1]['text']
+    assert 'Batches were ready 5' in text and 'workers keep up' in text
+    assert 'fewer, larger tensors' in text and 'pin_memory=True' in text
+    assert 'storage' not in text and 'make it cheaper' not in text
+
+
+@pytest.mark.parametrize('step_ms', [150.0, 40.0])
+def test_batches_ready_late_still_name_the_worker_stage(step_ms):
+    late = [-30.0 - 30.0 * i / 9 for i in range(10)]  # ready after asked
+    transfer = [1.0 + 2.0 * i / 9 for i in range(10)]
+    report = _report(
+        fake_rank(
+            wait=[t - s for t, s in zip(transfer, late)],
+            compute=step_ms,
+            slack=late,
+            samples=32,
+            stages=HANDOVER_STAGES))
+    verdict = report['verdict']
+    assert verdict['input_bound'] != 'none'
+    assert verdict['bottleneck'] == '01_BarSleep'
+    assert verdict['bottleneck_share'] == pytest.approx(130 / 220)
+    assert '01_BarSleep is 59% of worker time' in report['advice'][-1]['text']
+
+
+def test_transfer_advice_says_pinned_only_with_pin_memory():
+    for pin in (False, True):
+        report = _report(
+            fake_rank(
+                wait=20.0,
+                compute=10.0,
+                stages={'01_Pack': 1.0},
+                pin_memory=pin))
+        text = report['advice'][-1]['text']
+        assert text.startswith('Moving a batch to the training process')
+        assert ('pinned' in text) is pin
+        assert ('set pin_memory=True' in text) is not pin
 
 
 def test_straggler_worker_refetches_and_restarts_are_reported():

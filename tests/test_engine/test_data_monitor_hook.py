@@ -180,6 +180,49 @@ def test_validation_checkpoints_and_resume_are_not_counted(tmp_path):
     assert rank['skipped'] >= 1
 
 
+def _logged_steps(runner, key='dm_wait_time'):
+    """Iterations whose log line (scalars.json) has ``key``, and all."""
+    lines = [
+        json.loads(line)
+        for line in open(osp.join(runner.log_dir, 'vis_data', 'scalars.json'))
+    ]
+    lines = [s for s in lines if 'loss' in s]  # train log lines
+    return {s['step'] for s in lines if key in s}, {s['step'] for s in lines}
+
+
+def test_log_lines_hold_only_what_the_interval_measured(tmp_path):
+    # No worker: each step's batch is fetched in it, nothing in flight.
+    first = train(
+        tmp_path,
+        num_workers=0,
+        max_iters=8,
+        hook=dict(warmup_iters=0, settle_iters=0, table_interval=0))
+    measured, steps = _logged_steps(first)
+    assert steps == set(range(1, 9)) and measured == set(range(2, 9))
+    # Resumed: the message hub comes back with the last dm_* values; the
+    # first iterations (start-up, settling) count nothing and log nothing.
+    resumed = train(
+        tmp_path,
+        num_workers=0,
+        max_iters=12,
+        resume=True,
+        hook=dict(warmup_iters=0, settle_iters=2, table_interval=0))
+    measured, steps = _logged_steps(resumed)
+    assert steps == set(range(9, 13))
+    assert measured == {12}  # 9: start-up, 10-11: settling
+    assert _logged_steps(resumed, 'dm_input_bound')[0] == {12}
+    # An epoch spent settling (12 iterations an epoch) logs nothing either.
+    epochs = train(
+        tmp_path / 'epochs',
+        loop='epoch',
+        num_workers=0,
+        max_iters=24,
+        hook=dict(warmup_iters=0, settle_iters=12, table_interval=0))
+    measured, steps = _logged_steps(epochs)
+    assert steps == set(range(1, 25))
+    assert measured == set(range(2, 13))
+
+
 def test_outputs_log_line_visualizer_tables_and_png(tmp_path):
     runner = train(
         tmp_path,
@@ -219,6 +262,8 @@ def test_env_variable_turns_the_hook_on_and_off():
 def test_bad_arguments_are_named():
     with pytest.raises(ValueError, match='interval=0'):
         DataMonitorHook(interval=0)
+    with pytest.raises(ValueError, match='sample_every=0'):
+        DataMonitorHook(sample_every=0)
 
 
 SLOW_RANK_PLUGIN = '''

@@ -1,5 +1,6 @@
 """tools/analyze_data_monitor.py and tools/benchmark_monitor_overhead.py."""
 import os.path as osp
+import re
 import sys
 
 import pytest
@@ -39,12 +40,16 @@ def test_analyze_rerenders_tables_and_plot(tmp_path, train_env):
 def test_overhead_benchmark_prints_the_median_ratio(demo_root, train_env):
     out = run_command([
         sys.executable, BENCHMARK, '--data-root', demo_root, '--rounds', '1',
-        '--batches', '3', '--warmup', '1', '--fetch-rounds', '2',
+        '--batches', '3', '--warmup', '1', '--process-rounds', '2',
         '--cfg-options', 'train_dataloader.batch_size=4'
     ],
                       env=train_env).stdout
-    assert 'batch_size=4, num_workers=2; 1 rounds' in out
-    assert 'round  1: plain' in out
-    assert 'median ratio monitored/plain, samples per second: ' in out
-    assert 'CPU per sample (workers + training process): plain' in out
-    assert 'per sample in one process (2 alternating passes of 100)' in out
+    assert 'cheap: batch_size=32, 2 workers per loader; 1 rounds' in out
+    assert 'demo: batch_size=4, 2 workers per loader; 1 rounds' in out
+    assert out.count('throughput ratio monitored/plain per round: ') == 2
+    assert out.count('CPU per sample (workers + training process)') == 2
+    assert out.count('dataset[i] per sample, CPU: plain') == 2
+    for case in ('cheap', 'demo'):
+        assert re.search(
+            rf'^{case} +\d+\.\d{{3}} \(>=0\.99\) +\d+\.\d{{3}} +[\d.]+ us '
+            r'+[-\d.]+ us = +[-\d.]+% +[\d.]+ us CPU$', out, re.M), out
