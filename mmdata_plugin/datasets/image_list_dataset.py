@@ -5,6 +5,7 @@ from typing import List
 from mmengine.dataset import BaseDataset
 from mmengine.registry import DATASETS
 
+from ..transforms.decode_target import warn_if_decode_too_small
 from .annotation_lines import (AnnotationFormatError, check_label,
                                iter_path_labels)
 
@@ -25,6 +26,10 @@ class ImageListDataset(BaseDataset):
             (``metainfo``, ``data_root``, ``pipeline``, ``test_mode``,
             ``serialize_data``, ``max_refetch`` ...).
     """
+
+    def __init__(self, *args, **kwargs) -> None:
+        warn_if_decode_too_small(kwargs.get('pipeline') or [])
+        super().__init__(*args, **kwargs)
 
     def load_data_list(self) -> List[dict]:
         if not self.ann_file or not osp.isfile(self.ann_file):

@@ -12,6 +12,7 @@ from mmengine.fileio import join_path
 from mmengine.logging import print_log
 from mmengine.registry import DATASETS
 
+from ..transforms.decode_target import warn_if_decode_too_small
 from .annotation_lines import (AnnotationFormatError, check_label,
                                decode_text, split_path_label)
 from .line_index import (annotation_format, default_index_path,
@@ -97,6 +98,7 @@ class RankShardedDataset(BaseDataset):
                 f'annotation file offline (got filter_cfg={filter_cfg}).')
         if not ann_file:
             raise ValueError('RankShardedDataset needs an ann_file')
+        warn_if_decode_too_small(kwargs.get('pipeline') or [])
         self.ann_format = ann_format
         self.index_file = index_file
         self.index_dir = index_dir
