@@ -25,6 +25,7 @@ import contextlib
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import os.path as osp
 import socket
@@ -108,11 +109,20 @@ def default_index_path(ann_file: str,
     """
     shared = shared_index_path(ann_file)
     fmt = fmt or annotation_format(ann_file)
-    if osp.isfile(ann_file) and index_problem(shared, ann_file, fmt) is None:
+    problem = index_problem(shared, ann_file, fmt) if osp.isfile(
+        ann_file) else 'missing'
+    if problem is None:
         return shared
     if index_dir is None and folder_writable(osp.dirname(shared)):
         return shared
-    return private_index_path(ann_file, index_dir)
+    private = private_index_path(ann_file, index_dir)
+    if problem != 'missing':
+        print_log(
+            f'Not using {shared}: {problem}; the index of this run is '
+            f'{private}.',
+            logger='current',
+            level=logging.WARNING)
+    return private
 
 
 def file_fingerprint(path: str) -> Dict:

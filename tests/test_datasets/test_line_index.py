@@ -208,12 +208,17 @@ def test_stale_index_in_a_read_only_folder_is_rebuilt_privately(
     shared_index = (shared / 'ann.txt.idx').read_bytes()
     monkeypatch.setattr(line_index_module, 'folder_writable',
                         lambda folder: folder != str(shared))
+    logged = []
+    monkeypatch.setattr(line_index_module, 'print_log',
+                        lambda msg, **kwargs: logged.append(msg))
     dataset = RankShardedDataset(
         ann_file=ann, index_dir=str(tmp_path / 'private'),
         index_progress=False)
     assert osp.dirname(dataset._index.path) == str(tmp_path / 'private')
     assert len(dataset) == 5
     assert (shared / 'ann.txt.idx').read_bytes() == shared_index
+    assert any(msg.startswith(f'Not using {ann}.idx: the annotation file '
+                              'changed') for msg in logged)
 
 
 def test_progress_bar_reports_rate_and_eta(capsys, monkeypatch):
