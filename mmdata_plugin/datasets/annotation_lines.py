@@ -40,14 +40,15 @@ def decode_line(raw: bytes, filename: str, lineno: int) -> str:
     return decode_text(raw, lambda: f'{filename}:{lineno}')
 
 
-def decode_text(raw: bytes, where: Callable[[], str]) -> str:
-    """:func:`decode_line` with the error location computed lazily."""
+def decode_text(raw: bytes, where: Optional[Callable[[], str]]) -> str:
+    """:func:`decode_line` with the error location computed lazily (None:
+    the caller adds it)."""
     try:
         return raw.decode('utf-8')
     except UnicodeDecodeError as error:
         raise AnnotationFormatError(
-            f'{where()}: line is not valid UTF-8 '
-            f'({error.reason} at byte {error.start}): {raw[:80]!r}') from None
+            _at(where, f'line is not valid UTF-8 ({error.reason} at byte '
+                f'{error.start}): {raw[:80]!r}')) from None
 
 
 def parse_path_label(line: str, filename: str,
@@ -65,34 +66,39 @@ def parse_path_label(line: str, filename: str,
     return split_path_label(line, lambda: f'{filename}:{lineno}')
 
 
-def split_path_label(line: str, where: Callable[[], str]) -> Tuple[str, int]:
+def split_path_label(line: str,
+                     where: Optional[Callable[[], str]]) -> Tuple[str, int]:
     """:func:`parse_path_label` with the error location computed lazily.
 
     Args:
         line (str): One line, with or without its line terminator.
-        where (Callable[[], str]): Returns ``file:line`` for an error
-            message; called only when the line is bad (finding a line number
-            at read time costs a scan of the file).
+        where (Callable[[], str], optional): Returns ``file:line`` for an
+            error message; called only when the line is bad (finding a line
+            number at read time costs a scan of the file). None: the caller
+            adds the location to the error.
     """
     fields = line.rstrip().rsplit(maxsplit=1)
     if len(fields) != 2 or not fields[1].isdigit() or not fields[1].isascii():
         raise AnnotationFormatError(
-            f'{where()}: expected "relative/path label" with an '
-            f'integer label, got {line.rstrip()!r}')
+            _at(where, 'expected "relative/path label" with an integer '
+                f'label, got {line.rstrip()!r}'))
     path, label = fields
-    last_word = path.rsplit(maxsplit=1)
+    # (The second split only for paths that end in a digit: it is per
+    # sample at read time.)
+    last_word = path.rsplit(maxsplit=1) if path[-1].isdigit() else ()
     if (len(last_word) == 2 and last_word[1].isdigit()
             and last_word[1].isascii()):
         raise AnnotationFormatError(
-            f'{where()}: ambiguous line {line.rstrip()!r}: the path '
-            f'{path!r} ends in the separate number {last_word[1]!r}, so the '
-            'label may be either number (or missing). The label is the last '
-            'word; rename such files or use JSON Lines (img_path, gt_label).')
+            _at(where, f'ambiguous line {line.rstrip()!r}: the path '
+                f'{path!r} ends in the separate number {last_word[1]!r}, so '
+                'the label may be either number (or missing). The label is '
+                'the last word; rename such files or use JSON Lines '
+                '(img_path, gt_label).'))
     return path, int(label)
 
 
 def check_label(label, num_classes: Optional[int],
-                where: Callable[[], str]) -> None:
+                where: Optional[Callable[[], str]]) -> None:
     """Refuse a label outside ``range(num_classes)`` (the dataset's
     ``metainfo['classes']``) before it reaches the loss as an IndexError.
 
@@ -100,17 +106,23 @@ def check_label(label, num_classes: Optional[int],
         label (int | list[int]): A ``gt_label``; other types are left to the
             pipeline.
         num_classes (int, optional): Number of classes; None checks nothing.
-        where (Callable[[], str]): Returns ``file:line``; called on error.
+        where (Callable[[], str], optional): Returns ``file:line``; called
+            on error. None: the caller adds the location.
     """
-    if num_classes is None:
+    if num_classes is None or (type(label) is int
+                               and 0 <= label < num_classes):
         return
     labels = label if isinstance(label, list) else [label]
     for value in labels:
         if isinstance(value, int) and not 0 <= value < num_classes:
             raise AnnotationFormatError(
-                f'{where()}: label {value} is outside the dataset\'s '
-                f'{num_classes} classes (metainfo["classes"]; labels are '
-                f'0..{num_classes - 1})')
+                _at(where, f'label {value} is outside the dataset\'s '
+                    f'{num_classes} classes (metainfo["classes"]; labels '
+                    f'are 0..{num_classes - 1})'))
+
+
+def _at(where: Optional[Callable[[], str]], message: str) -> str:
+    return f'{where()}: {message}' if where is not None else message
 
 
 def check_json_object_line(line: str, filename: str, lineno: int) -> None:

@@ -3,7 +3,6 @@ import json
 import logging
 import os.path as osp
 import tempfile
-from functools import partial
 from typing import Any, Callable, List, Mapping, Optional, Sequence, Union
 
 import numpy as np
@@ -177,16 +176,20 @@ class RankShardedDataset(BaseDataset):
         # The index build validated every line (UTF-8, format) with the
         # rules of annotation_lines, and LineIndex refuses a changed file
         # and bytes that no longer start and end a line; an in-place edit
-        # inside them is still reported here, naming file and line.
-        where = partial(self._index.where, line)
-        # rstrip only: like annotation_lines, leading spaces belong to the
-        # path (json.loads ignores surrounding whitespace itself).
-        text = decode_text(raw, where).rstrip()
-        if '\n' in text:  # a newline written into the line
-            self._index.raise_moved(line)
-        data_info = self._parse(text, where)
-        if 'gt_label' in data_info:
-            check_label(data_info['gt_label'], self._num_classes, where)
+        # inside them is still reported here. The location (a count of the
+        # newlines before the sample) is found only for an error.
+        try:
+            # rstrip only: like annotation_lines, leading spaces belong to
+            # the path (json.loads ignores surrounding whitespace itself).
+            text = decode_text(raw, None).rstrip()
+            if '\n' in text:  # a newline written into the line
+                self._index.raise_moved(line)
+            data_info = self._parse(text)
+            if 'gt_label' in data_info:
+                check_label(data_info['gt_label'], self._num_classes, None)
+        except AnnotationFormatError as error:
+            raise AnnotationFormatError(
+                f'{self._index.where(line)}: {error}') from None
         data_info['sample_idx'] = idx
         return data_info
 
@@ -199,9 +202,9 @@ class RankShardedDataset(BaseDataset):
             # the annotation file instead.
             return None
 
-    def _parse(self, text: str, where: Callable[[], str]) -> dict:
+    def _parse(self, text: str) -> dict:
         if self._format == 'lines':
-            path, label = split_path_label(text, where)
+            path, label = split_path_label(text, None)
             return dict(
                 img_path=osp.join(self.data_prefix.get('img_path', ''), path),
                 gt_label=label)
@@ -209,16 +212,16 @@ class RankShardedDataset(BaseDataset):
             data_info = json.loads(text)
         except ValueError as error:
             raise AnnotationFormatError(
-                f'{where()}: invalid JSON record ({error}): '
+                f'invalid JSON record ({error}): '
                 f'{text[:80]!r}') from None
         if not isinstance(data_info, dict):
             raise AnnotationFormatError(
-                f'{where()}: expected a JSON object (a data-info '
+                f'expected a JSON object (a data-info '
                 f'dict), got {type(data_info).__name__}')
         for key, prefix in self.data_prefix.items():
             if key not in data_info:
                 raise AnnotationFormatError(
-                    f'{where()}: the record has no {key!r}, which '
+                    f'the record has no {key!r}, which '
                     f'data_prefix names (set data_prefix to the path keys '
                     f'of your records)')
             data_info[key] = join_path(prefix, data_info[key])
