@@ -52,8 +52,13 @@ def _builders(demo_root):
         (dict(mini_epochs=2), dict(dataset=range(8), seed=0)),
         ('DATA_SAMPLERS', 'RankShardedInfiniteSampler'):
         (dict(), dict(dataset=range(8), seed=0)),
+        ('DATA_SAMPLERS', 'GrowingWindowSampler'):
+        (dict(initial=2, growth=2, capacity=4), dict(dataset=range(8),
+                                                     seed=0)),
         ('TRANSFORMS', 'RandomImageCrop'): (dict(crop_size=8), {}),
         ('TRANSFORMS', 'PackImageLabelInputs'): (dict(), {}),
+        ('TRANSFORMS', 'LoadNumpyFromFile'):
+        (dict(dtype='float32', shape=(-1, 3)), {}),
         ('TRANSFORMS', 'LoadImageFromFileReduced'):
         (dict(scale=(64, 4096), keep_ratio=True), {}),
         ('TRANSFORMS', 'ReducedDecodePipeline'): (dict(transforms=[

@@ -12,7 +12,8 @@ from mmengine.runner import Runner
 
 import mmdata_plugin  # noqa: F401  (registers components, safe ckpt loading)
 from mmdata_plugin.engine import apply_data_monitor_env
-from mmdata_plugin.utils import prepare_distributed, trust_checkpoint
+from mmdata_plugin.utils import (find_resumable_checkpoint,
+                                 prepare_distributed, trust_checkpoint)
 
 
 def parse_args():
@@ -40,9 +41,10 @@ def parse_args():
         '--trust-checkpoint',
         action='append',
         default=[],
-        metavar='PATH',
-        help='load this checkpoint without weights_only restrictions (only '
-        'for files you trust, e.g. written by stock mmengine); repeatable')
+        metavar='PATH_OR_URL',
+        help='load this checkpoint (a file, or the URL / hub name it is '
+        'loaded by) without weights_only restrictions; only for files you '
+        'trust, e.g. written by stock mmengine; repeatable')
     parser.add_argument(
         '--cfg-options',
         nargs='+',
@@ -107,17 +109,43 @@ def merge_args(cfg: Config, args) -> Config:
     return cfg
 
 
+def choose_auto_resume(cfg: Config) -> list:
+    """Point an automatic ``--resume`` at the newest readable checkpoint.
+
+    Returns:
+        list: ``(level, message)`` to log once the runner's logger exists.
+    """
+    path, skipped = find_resumable_checkpoint(cfg.work_dir)
+    messages = [(logging.WARNING, f'--resume: skipping unreadable checkpoint '
+                 f'{bad}: {why}') for bad, why in skipped]
+    if path is None:
+        cfg.resume = False
+        messages.append((logging.WARNING if skipped else logging.INFO,
+                         f'--resume: no readable checkpoint in '
+                         f'{cfg.work_dir}; training starts from scratch.'))
+    else:
+        cfg.load_from = path
+        if skipped:
+            messages.append(
+                (logging.WARNING, f'--resume: resuming from {path}, the '
+                 'newest readable checkpoint.'))
+    return messages
+
+
 def main():
     args = parse_args()
     for path in args.trust_checkpoint:
         trust_checkpoint(path)
     cfg = merge_args(Config.fromfile(args.config), args)
+    resume_messages = choose_auto_resume(cfg) if args.resume == 'auto' else []
     apply_data_monitor_env(cfg)
     prepare_distributed(cfg, args.launcher)
     if 'runner_type' in cfg:
         runner = RUNNERS.build(cfg)
     else:
         runner = Runner.from_cfg(cfg)
+    for level, message in resume_messages:
+        runner.logger.log(level, message)
     runner.train()
 
 

@@ -8,11 +8,12 @@ single element. Output: an optional ``{"metainfo": {...}}`` first line, then
 one compact data-info dict per line, written atomically.
 """
 import codecs
+import contextlib
 import json
 import os
 import os.path as osp
 import shutil
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Iterator, Optional, TextIO, Tuple
 
 from .annotation_lines import AnnotationFormatError
 from .line_index import ByteProgressBar
@@ -134,21 +135,32 @@ def convert_openmmlab_json_to_jsonl(src: str,
     """
     stream = _JsonStream(src)
     bar = ByteProgressBar(os.path.getsize(src), f'converting {src}', progress)
-    tmp_path = f'{dst}.tmp.{os.getpid()}'
     # data_list may come before metainfo, whose line must be first: park the
     # records in a side file until the whole object has been read.
-    records_path = tmp_path + '.records'
+    records_path = f'{dst}.records.{os.getpid()}'
     try:
-        with open(tmp_path, 'w', encoding='utf-8') as out:
+        with atomic_text_output(dst) as out:
             metainfo, num_samples = _convert(stream, out, records_path, bar)
-        os.replace(tmp_path, dst)
     finally:
         stream.close()
-        for path in (tmp_path, records_path):
-            if osp.exists(path):
-                os.remove(path)
+        if osp.exists(records_path):
+            os.remove(records_path)
     bar.close()
     return dict(num_samples=num_samples, metainfo=metainfo is not None)
+
+
+@contextlib.contextmanager
+def atomic_text_output(dst: str) -> Iterator[TextIO]:
+    """A UTF-8 text file that appears at ``dst`` only if the block ends
+    without an error (nothing is left behind otherwise)."""
+    tmp_path = f'{dst}.tmp.{os.getpid()}'
+    try:
+        with open(tmp_path, 'w', encoding='utf-8') as out:
+            yield out
+        os.replace(tmp_path, dst)
+    finally:
+        if osp.exists(tmp_path):
+            os.remove(tmp_path)
 
 
 def _convert(stream: _JsonStream, out, records_path: str,
@@ -172,7 +184,7 @@ def _convert(stream: _JsonStream, out, records_path: str,
                 raise stream.error('"metainfo" must be an object',
                                    stream.value_start)
             if num_samples is None:
-                _write_record(out, dict(metainfo=metainfo))
+                write_record(out, dict(metainfo=metainfo))
         else:
             stream.value()  # other top-level keys are not samples
         if stream.expect(',}', '"," or "}"') == '}':
@@ -184,7 +196,7 @@ def _convert(stream: _JsonStream, out, records_path: str,
             f'{stream.path}: no "data_list" in the top-level object')
     if osp.exists(records_path):
         if metainfo is not None:
-            _write_record(out, dict(metainfo=metainfo))
+            write_record(out, dict(metainfo=metainfo))
         with open(records_path, encoding='utf-8') as records:
             shutil.copyfileobj(records, out, _BLOCK)
     if stream.peek():
@@ -204,7 +216,7 @@ def _copy_records(stream: _JsonStream, out, bar: ByteProgressBar) -> int:
             raise stream.error(
                 f'data_list[{count}] is a {type(record).__name__}, not an '
                 'object', stream.value_start)
-        _write_record(out, record)
+        write_record(out, record)
         count += 1
         if count % 65536 == 0:
             bar.update(stream.bytes_read)
@@ -212,6 +224,7 @@ def _copy_records(stream: _JsonStream, out, bar: ByteProgressBar) -> int:
             return count
 
 
-def _write_record(out, record: dict) -> None:
+def write_record(out, record: dict) -> None:
+    """One compact JSON line."""
     out.write(json.dumps(record, ensure_ascii=False, separators=(',', ':')))
     out.write('\n')

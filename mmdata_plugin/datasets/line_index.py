@@ -91,7 +91,8 @@ def folder_writable(folder: str) -> bool:
 
 def default_index_path(ann_file: str,
                        index_dir: Optional[str] = None,
-                       fmt: Optional[str] = None) -> str:
+                       fmt: Optional[str] = None,
+                       beside: bool = True) -> str:
     """Where the index of ``ann_file`` is read from, or built.
 
     The index next to the annotation file whenever it is valid, whether or
@@ -106,7 +107,11 @@ def default_index_path(ann_file: str,
             not be built next to the annotation file.
         fmt (str, optional): ``'lines'`` or ``'jsonl'`` (default: by the
             extension).
+        beside (bool): False for a file in a folder that is not ours (a
+            cache's entries): its index is always the private one.
     """
+    if not beside:
+        return private_index_path(ann_file, index_dir)
     shared = shared_index_path(ann_file)
     fmt = fmt or annotation_format(ann_file)
     problem = index_problem(shared, ann_file, fmt) if osp.isfile(
@@ -247,14 +252,21 @@ class LineIndex:
         """Where the first line starts (after a byte-order mark)."""
         return self._data_start
 
-    def where(self, sample: int) -> str:
+    def where(self, sample: int, name: Optional[str] = None) -> str:
         """``file:line`` of sample ``sample`` for error messages (``file:
-        record i at byte b`` far into the file, see :meth:`line_number`)."""
+        record i at byte b`` far into the file, see :meth:`line_number`).
+
+        Args:
+            sample (int): The sample.
+            name (str, optional): How to call the file (the dataset's
+                ``ann_file``, e.g. a URL whose node copy this indexes).
+        """
+        name = name or self.ann_file
         line_number = self.line_number(sample)
         if line_number is None:
             start, _ = self.span(sample)
-            return f'{self.ann_file}: record {sample} at byte {start}'
-        return f'{self.ann_file}:{line_number}'
+            return f'{name}: record {sample} at byte {start}'
+        return f'{name}:{line_number}'
 
     def spans(self, samples: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
         """Vectorised :meth:`span` for an int array of samples."""
@@ -515,10 +527,17 @@ class ByteProgressBar:
         total (int): Bytes to do.
         label (str): What is being done.
         enabled (bool): False shows nothing.
+        unit (str): ``'bytes'`` (shown as MB/s) or what ``total`` counts
+            (``'samples'``, shown as samples/s).
     """
 
-    def __init__(self, total: int, label: str, enabled: bool):
+    def __init__(self,
+                 total: int,
+                 label: str,
+                 enabled: bool,
+                 unit: str = 'bytes'):
         self.total = max(total, 1)
+        self.unit = unit
         self.label = label
         self.enabled = enabled
         self.tty = sys.stderr.isatty()
@@ -534,10 +553,15 @@ class ByteProgressBar:
         width = 30
         filled = int(width * done / self.total)
         text = (f'{self.label}: [{"#" * filled}{"." * (width - filled)}] '
-                f'{100 * done / self.total:5.1f}% {rate / 1e6:.0f} MB/s '
+                f'{100 * done / self.total:5.1f}% {self._rate(rate)} '
                 f'ETA {eta:.0f} s')
         sys.stderr.write(('\r' + text) if self.tty else (text + '\n'))
         sys.stderr.flush()
+
+    def _rate(self, rate: float) -> str:
+        if self.unit == 'bytes':
+            return f'{rate / 1e6:.0f} MB/s'
+        return f'{rate:.0f} {self.unit}/s'
 
     def close(self) -> None:
         if self.enabled and self.tty and self.last != self.start:

@@ -68,6 +68,7 @@ class _RankStream(Sampler):
         # Materialising datasets (slow shared file systems) get each rank's
         # share written to a local file before the rank iterates over it.
         self._materialize = getattr(dataset, 'materialize_shards', False)
+        _refuse_wrapped_shard_files(dataset)
         self._permutations = {}
 
     def fast_forward(self, global_offset: int) -> None:
@@ -135,6 +136,37 @@ class _RankStream(Sampler):
                 yield SampleIndex(index, shard=shard)
 
 
+# Instead of a dataset wrapper around a shard-materialising dataset.
+_WRAPPER_ALTERNATIVES = dict(
+    RepeatDataset='multiply max_epochs/max_iters by `times` instead',
+    ConcatDataset='concatenate the .jsonl files into one (`cat a.jsonl '
+    'b.jsonl`; keep one metainfo line) instead')
+
+
+def inner_datasets(dataset) -> Iterator:
+    """The datasets under ``dataset``'s wrappers (``dataset`` first)."""
+    yield dataset
+    for inner in getattr(dataset, 'datasets', None) or (getattr(
+            dataset, 'dataset', None), ):
+        if inner is not None and inner is not dataset:
+            yield from inner_datasets(inner)
+
+
+def _refuse_wrapped_shard_files(dataset) -> None:
+    if isinstance(dataset, RankShardedDataset):
+        return
+    for inner in inner_datasets(dataset):
+        if getattr(inner, 'materialize_shards', False):
+            name = type(dataset).__name__
+            alternative = _WRAPPER_ALTERNATIVES.get(
+                name, 'put the RankShardedDataset directly under the sampler')
+            raise ValueError(
+                f'A RankShardedDataset with materialize_shards=True inside '
+                f'a {name}: the sampler deals out indices of the {name}, so '
+                'it cannot write the shard files the dataset would read. '
+                f'Set materialize_shards=False, or {alternative}.')
+
+
 @DATA_SAMPLERS.register_module()
 class RankShardedSampler(_RankStream):
     """Epoch sampler: every sample once per epoch over all ranks, O(1) memory.
@@ -182,11 +214,16 @@ class RankShardedSampler(_RankStream):
         super().__init__(dataset, shuffle, seed, mini_epochs, rounds)
         self.round_up = round_up
         self.epoch = 0
-        if round_up:
-            per_rank = math.ceil(
-                math.ceil(self.size / mini_epochs) / self.world_size)
+        self._size_epoch(
+            math.ceil(self.size / mini_epochs) if round_up else self.size //
+            mini_epochs)
+
+    def _size_epoch(self, length: int) -> None:
+        """Per-rank and padded counts of an epoch of ``length`` positions."""
+        if self.round_up:
+            per_rank = math.ceil(length / self.world_size)
         else:
-            per_rank = self.size // mini_epochs // self.world_size
+            per_rank = length // self.world_size
         self.num_samples = per_rank
         self.total_size = per_rank * self.world_size
 
@@ -200,14 +237,18 @@ class RankShardedSampler(_RankStream):
 
     def __iter__(self) -> Iterator[int]:
         start = self._take_start()
-        perm_epoch, part = divmod(self.epoch, self.mini_epochs)
-        lo, hi = self._part_bounds(part)
         count = max(0, -(-(self.total_size - start) // self.world_size))
         first = start + self.rank
         yield from self._yield_ids(
-            count, lambda a, b: self._ids(
-                perm_epoch, lo +
-                (first + self.world_size * np.arange(a, b)) % (hi - lo)))
+            count, lambda a, b: self._epoch_ids(first + self.world_size *
+                                                np.arange(a, b)))
+
+    def _epoch_ids(self, positions: np.ndarray) -> np.ndarray:
+        """Ids at global ``positions`` of the current epoch; positions past
+        its end (rank padding) wrap around to its start."""
+        perm_epoch, part = divmod(self.epoch, self.mini_epochs)
+        lo, hi = self._part_bounds(part)
+        return self._ids(perm_epoch, lo + positions % (hi - lo))
 
 
 @DATA_SAMPLERS.register_module()
@@ -285,10 +326,9 @@ def stock_sampler_advice(dataloader: DataLoader) -> Optional[str]:
     Returns:
         str | None: The warning logged, None when the pairing is fine.
     """
-    dataset, seen = dataloader.dataset, 0
-    while not isinstance(dataset, RankShardedDataset) and seen < 8:
-        dataset, seen = getattr(dataset, 'dataset', None), seen + 1
-    if not isinstance(dataset, RankShardedDataset):
+    dataset = next((inner for inner in inner_datasets(dataloader.dataset)
+                    if isinstance(inner, RankShardedDataset)), None)
+    if dataset is None:
         return None
     batch_sampler = getattr(dataloader, 'batch_sampler', None)
     sampler = getattr(batch_sampler, 'sampler', None) or dataloader.sampler

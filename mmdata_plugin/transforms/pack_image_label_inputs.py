@@ -11,7 +11,8 @@ class PackImageLabelInputs(BaseTransform):
     """Pack ``img`` and ``gt_label`` as ``dict(inputs, data_samples)``.
 
     ``inputs`` is a CHW uint8 tensor (normalisation belongs to the model's
-    data preprocessor, where it runs batched), ``data_samples`` a
+    data preprocessor, where it runs batched; a tensor ``img``, e.g. from
+    :class:`LoadNumpyFromFile`, becomes a CHW view of itself), ``data_samples`` a
     :class:`BaseDataElement` with a ``gt_label`` tensor of shape ``(1,)``
     and the listed meta keys.
 
@@ -32,7 +33,13 @@ class PackImageLabelInputs(BaseTransform):
         img = results['img']
         if img.ndim == 2:
             img = img[..., None]
-        inputs = torch.from_numpy(np.ascontiguousarray(img.transpose(2, 0, 1)))
+        if isinstance(img, torch.Tensor):
+            # A loaded tensor (LoadNumpyFromFile) may live in shared memory:
+            # a CHW view of it travels to the training process uncopied.
+            inputs = img.permute(2, 0, 1)
+        else:
+            inputs = torch.from_numpy(
+                np.ascontiguousarray(img.transpose(2, 0, 1)))
         metainfo = {k: results[k] for k in self.meta_keys if k in results}
         data_sample = BaseDataElement(metainfo=metainfo)
         data_sample.gt_label = torch.tensor([int(results['gt_label'])])

@@ -12,42 +12,64 @@ checkpoint a potential exploit, so we do two things instead:
   rebuilds it through :func:`rebuild_history_buffer`. ``copyreg`` is the
   standard-library hook for pickling types one does not own, so mmengine's
   own code stays untouched.
-* Loading: :func:`load_from_local_safely` replaces mmengine's local-file
-  checkpoint loader. It keeps ``weights_only=True`` and allows, only for the
-  duration of the call, a short list of data-only constructors
-  (:func:`rebuild_history_buffer` and numpy's array/scalar/dtype
-  reconstructors). Anything else is refused with an error that lists the
-  offending globals and how to opt in for one trusted file.
+* Loading: :func:`load_checkpoint_safely` keeps ``weights_only=True`` and
+  allows, only for the duration of the call, a short list of data-only
+  constructors: :func:`rebuild_history_buffer` and validating stand-ins for
+  numpy's array/scalar/dtype constructors (:mod:`.numpy_unpickling`), so no
+  file can crash the process or make numpy read memory it does not own.
+  Anything else is refused with an error that lists the offending globals
+  and how to opt in for one trusted file. Every checkpoint scheme mmengine
+  knows is routed here by :mod:`.checkpoint_schemes`.
 """
 import copyreg
+import io
 import os
 import os.path as osp
 import pickle
-from typing import Callable, List
+import re
+from contextlib import contextmanager
+from typing import Callable, Iterator, List, Optional, Tuple, Union
 
 import numpy as np
 import torch
 from mmengine.logging import HistoryBuffer, print_log
-from mmengine.runner.checkpoint import (CheckpointLoader, load_from_ceph,
-                                        load_from_http, load_from_openmmlab,
-                                        load_from_torchvision)
 
-#: Environment variable listing checkpoint files (``os.pathsep`` separated)
-#: the user explicitly trusts to be unpickled without restrictions.
+from .numpy_unpickling import (ForgedNumpyData, numpy_allow_list, plain_dtype,
+                               plain_numpy_objects)
+
+#: Environment variable listing checkpoints (``os.pathsep`` separated files
+#: or URLs) the user explicitly trusts to be unpickled without restrictions.
 TRUSTED_CHECKPOINTS_ENV = 'MMDATA_TRUSTED_CHECKPOINTS'
+
+# ``scheme://`` or ``scheme:scheme://`` (mmengine's ``open-mmlab:s3://``).
+_URL = re.compile(r'[A-Za-z][\w.+-]*:(?:[A-Za-z][\w.+-]*:)?//')
 
 
 class UnsafeCheckpointError(pickle.UnpicklingError):
-    """A checkpoint references globals outside the safe allow-list."""
+    """A checkpoint holds what the safe loader refuses to unpickle."""
+
+
+class UnreadableCheckpointError(RuntimeError):
+    """A checkpoint file cannot be read (truncated, corrupt, wrong format)."""
+
+
+def _history_dtype(spec) -> np.dtype:
+    if type(spec) is str and spec[:1] in ('<', '>', '|', '='):
+        return plain_dtype(spec[1:], spec[0])
+    return plain_dtype(spec)
 
 
 def rebuild_history_buffer(log_history: list, count_history: list,
                            max_length: int, log_dtype: str,
                            count_dtype: str) -> HistoryBuffer:
     """Rebuild a ``HistoryBuffer`` from plain numbers (the pickle target)."""
+    if type(max_length) is not int:
+        raise ForgedNumpyData(f'HistoryBuffer max_length {max_length!r}')
     buffer = HistoryBuffer(max_length=max_length)
-    buffer._log_history = np.asarray(log_history, dtype=log_dtype)
-    buffer._count_history = np.asarray(count_history, dtype=count_dtype)
+    buffer._log_history = np.asarray(
+        log_history, dtype=_history_dtype(log_dtype))
+    buffer._count_history = np.asarray(
+        count_history, dtype=_history_dtype(count_dtype))
     return buffer
 
 
@@ -64,59 +86,175 @@ def register_safe_history_buffer_pickling() -> None:
     copyreg.pickle(HistoryBuffer, _reduce_history_buffer)
 
 
-def _numpy_globals() -> List[Callable]:
-    # numpy 2 moved the reconstructors to ``numpy._core``; the pickles name
-    # whichever module the writing numpy had, so allow the one present.
-    multiarray = getattr(np, '_core', np.core).multiarray
-    dtype_classes = [
-        cls for cls in vars(np.dtypes).values()
-        if isinstance(cls, type) and issubclass(cls, np.dtype)
-    ] if hasattr(np, 'dtypes') else []
-    return [multiarray._reconstruct, multiarray.scalar, np.ndarray, np.dtype
-            ] + dtype_classes
+def safe_allow_list() -> List[Tuple[Callable, str]]:
+    """torch allow-list entries for the constructors checkpoints may name."""
+    history = (rebuild_history_buffer,
+               f'{__name__}.{rebuild_history_buffer.__qualname__}')
+    return [history] + numpy_allow_list()
 
 
-def safe_globals() -> List[Callable]:
-    """The data-only constructors our checkpoints may reference."""
-    return [rebuild_history_buffer] + _numpy_globals()
+def _entry_name(entry) -> str:
+    if isinstance(entry, tuple):
+        return entry[1]
+    return f'{entry.__module__}.{entry.__qualname__}'
 
 
-def _global_name(obj) -> str:
-    return f'{obj.__module__}.{obj.__qualname__}'
+@contextmanager
+def scoped_allow_list() -> Iterator[None]:
+    """Put :func:`safe_allow_list` in force for the duration of a load.
+
+    The user's own ``add_safe_globals`` entries stay in force except those
+    under the names our stand-ins take (a raw ``numpy.dtype`` would undo
+    them), and torch's list is exactly as it was afterwards.
+    """
+    saved = torch.serialization.get_safe_globals()
+    ours = safe_allow_list()
+    our_names = {name for _, name in ours}
+    kept = [entry for entry in saved if _entry_name(entry) not in our_names]
+    torch.serialization.clear_safe_globals()
+    torch.serialization.add_safe_globals(kept + ours)
+    try:
+        yield
+    finally:
+        torch.serialization.clear_safe_globals()
+        torch.serialization.add_safe_globals(saved)
+
+
+def is_url(name: str) -> bool:
+    """Whether ``name`` is a URL-like checkpoint name (``scheme://...``)."""
+    return _URL.match(name) is not None
+
+
+def _trust_key(name: str) -> str:
+    return name if is_url(name) else osp.realpath(osp.expanduser(name))
+
+
+def _split_trusted(value: str) -> List[str]:
+    if os.pathsep != ':':
+        return [entry for entry in value.split(os.pathsep) if entry]
+    # ':' separates entries but also occurs in URLs (scheme, port): an entry
+    # is a URL up to the next ':' that starts neither '//' nor a port.
+    entries = re.findall(
+        r'(?:[A-Za-z][\w.+-]*:(?:[A-Za-z][\w.+-]*:)?//[^:/]*(?::\d+)?'
+        r'[^:]*|[^:]+)', value)
+    return [entry for entry in entries if entry]
 
 
 def trusted_checkpoints() -> List[str]:
-    """Real paths of the checkpoints the user opted in for."""
-    paths = os.environ.get(TRUSTED_CHECKPOINTS_ENV, '')
-    return [osp.realpath(p) for p in paths.split(os.pathsep) if p]
+    """Real paths / URLs of the checkpoints the user opted in for."""
+    value = os.environ.get(TRUSTED_CHECKPOINTS_ENV, '')
+    return [_trust_key(entry) for entry in _split_trusted(value)]
 
 
-def trust_checkpoint(filename: str) -> None:
-    """Opt in for one checkpoint file, for this process and its children."""
-    trusted = trusted_checkpoints() + [osp.realpath(filename)]
+def trust_checkpoint(name: str) -> None:
+    """Opt in for one checkpoint file or URL, for this process and children.
+    """
+    trusted = trusted_checkpoints() + [_trust_key(name)]
     os.environ[TRUSTED_CHECKPOINTS_ENV] = os.pathsep.join(trusted)
 
 
-def _unsafe_globals_of(filename: str) -> List[str]:
-    allowed = {_global_name(g) for g in safe_globals()}
-    found = torch.serialization.get_unsafe_globals_in_checkpoint(filename)
-    return sorted(g for g in found if g not in allowed)
+def _is_trusted(*names: str) -> bool:
+    trusted = trusted_checkpoints()
+    return any(_trust_key(name) in trusted for name in names)
 
 
-def _refusal(filename: str, unsafe: List[str]) -> UnsafeCheckpointError:
+def _refusal(name: str, reason: str) -> UnsafeCheckpointError:
     return UnsafeCheckpointError(
-        f'Refusing to load checkpoint "{filename}": it references globals '
-        f'outside the safe allow-list: {unsafe}. Checkpoints written by '
-        'stock mmengine 0.10.x pickle HistoryBuffer methods through '
-        '`builtins.getattr`, which can run arbitrary code. If you trust this '
-        'file, opt in for it explicitly: pass `--trust-checkpoint '
-        f'{filename}` to tools/train.py, or set '
-        f'{TRUSTED_CHECKPOINTS_ENV}={filename}. Checkpoints saved while '
-        'mmdata_plugin is imported load without this step.')
+        f'Refusing to load checkpoint "{name}": {reason}. If you trust this '
+        f'file, opt in for it explicitly: pass `--trust-checkpoint {name}` '
+        f'to tools/train.py, or set {TRUSTED_CHECKPOINTS_ENV}={name}. '
+        'Checkpoints saved while mmdata_plugin is imported load without '
+        'this step.')
+
+
+def _unsafe_globals_reason(source) -> str:
+    unsafe = sorted(torch.serialization.get_unsafe_globals_in_checkpoint(
+        source))
+    return (f'it references globals outside the safe allow-list: {unsafe}. '
+            'Checkpoints written by stock mmengine 0.10.x pickle '
+            'HistoryBuffer methods through `builtins.getattr`, which can run '
+            'arbitrary code') if unsafe else ''
+
+
+def _unreadable(name: str, error: Exception) -> UnreadableCheckpointError:
+    return UnreadableCheckpointError(
+        f'Cannot read checkpoint "{name}": {type(error).__name__}: {error}')
+
+
+def _opened(source: Union[str, bytes]):
+    return io.BytesIO(source) if isinstance(source, bytes) else source
+
+
+def _load_restricted(source, map_location):
+    with scoped_allow_list():
+        checkpoint = torch.load(
+            _opened(source), map_location=map_location, weights_only=True)
+        return plain_numpy_objects(checkpoint)
+
+
+def _try_restricted_load(source, map_location,
+                         name: str) -> Tuple[Optional[str], object]:
+    """(None, checkpoint), or (why the restricted load refuses, None)."""
+    try:
+        return None, _load_restricted(source, map_location)
+    except ForgedNumpyData as error:
+        return (f'it holds numpy data numpy itself never writes ({error}); '
+                'only plain numeric and bool arrays, scalars and dtypes '
+                'are accepted'), None
+    except pickle.UnpicklingError as error:
+        with scoped_allow_list():
+            try:
+                reason = _unsafe_globals_reason(_opened(source))
+            except (RuntimeError, ValueError):
+                reason = ''
+        if not reason:
+            raise _unreadable(name, error) from error
+        return reason, None
+    except (RuntimeError, EOFError, TypeError, ValueError, KeyError,
+            IndexError, AttributeError) as error:
+        # torch's reader (truncated zip: RuntimeError), or a stand-in or
+        # rebuild function called with arguments no writer produces.
+        raise _unreadable(name, error) from error
+
+
+def load_checkpoint_safely(source: Union[str, bytes],
+                           map_location=None,
+                           name: Optional[str] = None):
+    """Load a checkpoint with ``weights_only=True`` and our allow-list.
+
+    Args:
+        source (str | bytes): Local file path, or the file's bytes.
+        map_location: Same as :func:`torch.load`.
+        name (str, optional): What the user called the checkpoint (a URL
+            for downloaded files); used in messages and matched against the
+            trusted checkpoints. Defaults to ``source`` (a path).
+
+    Returns:
+        dict: The loaded checkpoint, numpy content as plain numpy objects.
+
+    Raises:
+        UnsafeCheckpointError: If the file needs globals outside the
+            allow-list or holds numpy data numpy never writes, and the user
+            did not trust it.
+        UnreadableCheckpointError: If the file cannot be read at all.
+    """
+    name = name or source
+    reason, checkpoint = _try_restricted_load(source, map_location, name)
+    if reason is None:
+        return checkpoint
+    local = [source] if isinstance(source, str) else []
+    if not _is_trusted(name, *local):
+        raise _refusal(name, reason)
+    print_log(
+        f'Loading "{name}" without weights_only restrictions because the '
+        f'user trusted it explicitly ({TRUSTED_CHECKPOINTS_ENV}): {reason}.',
+        logger='current')
+    return torch.load(
+        _opened(source), map_location=map_location, weights_only=False)
 
 
 def load_from_local_safely(filename: str, map_location=None):
-    """Load a local checkpoint with ``weights_only=True``.
+    """mmengine's local-file scheme (``''``), loaded safely.
 
     Args:
         filename (str): Local checkpoint path.
@@ -127,72 +265,10 @@ def load_from_local_safely(filename: str, map_location=None):
 
     Raises:
         FileNotFoundError: If ``filename`` does not exist.
-        UnsafeCheckpointError: If the file needs globals outside
-            :func:`safe_globals` and the user did not trust it.
+        UnsafeCheckpointError: See :func:`load_checkpoint_safely`.
+        UnreadableCheckpointError: See :func:`load_checkpoint_safely`.
     """
     filename = osp.expanduser(filename)
     if not osp.isfile(filename):
         raise FileNotFoundError(f'{filename} can not be found.')
-    with torch.serialization.safe_globals(safe_globals()):
-        try:
-            return torch.load(
-                filename, map_location=map_location, weights_only=True)
-        except pickle.UnpicklingError:
-            unsafe = _unsafe_globals_of(filename)
-            if not unsafe:
-                raise
-    if osp.realpath(filename) not in trusted_checkpoints():
-        raise _refusal(filename, unsafe)
-    print_log(
-        f'Loading "{filename}" without weights_only restrictions because '
-        f'the user trusted it explicitly ({TRUSTED_CHECKPOINTS_ENV}); it '
-        f'references {unsafe}.',
-        logger='current')
-    return torch.load(filename, map_location=map_location, weights_only=False)
-
-
-def _with_safe_globals(loader: Callable) -> Callable:
-    """Run one of mmengine's remote loaders under our allow-list."""
-
-    def load(filename: str, map_location=None):
-        with torch.serialization.safe_globals(safe_globals()):
-            try:
-                return loader(filename, map_location)
-            except pickle.UnpicklingError as error:
-                raise UnsafeCheckpointError(
-                    f'Refusing to load checkpoint "{filename}" with '
-                    f'weights_only=True ({error}). If you trust it, copy it '
-                    'to a local file and pass `--trust-checkpoint PATH` to '
-                    f'tools/train.py (or set {TRUSTED_CHECKPOINTS_ENV}).'
-                ) from error
-
-    load.__name__ = loader.__name__
-    return load
-
-
-# mmengine's own schemes, re-registered with the allow-list in force. The
-# prefixes are those mmengine 0.10.x registers for these functions.
-_REMOTE_LOADERS = ((('http://', 'https://'), load_from_http),
-                   (r'(\S+\:)?s3://', load_from_ceph),
-                   (('modelzoo://', 'torchvision://'), load_from_torchvision),
-                   (('open-mmlab://', 'openmmlab://'), load_from_openmmlab))
-
-
-def install_safe_checkpoint_loading() -> bool:
-    """Route mmengine's checkpoint loading through the safe loaders.
-
-    Uses mmengine's public ``CheckpointLoader.register_scheme`` extension
-    point. Torch builds older than 2.5 lack scoped allow-lists; there the
-    stock loaders are kept.
-
-    Returns:
-        bool: Whether the safe loaders were installed.
-    """
-    register_safe_history_buffer_pickling()
-    if not hasattr(torch.serialization, 'safe_globals'):
-        return False
-    CheckpointLoader.register_scheme('', load_from_local_safely, force=True)
-    for prefixes, loader in _REMOTE_LOADERS:
-        CheckpointLoader.register_scheme(
-            prefixes, _with_safe_globals(loader), force=True)
-    return True
+    return load_checkpoint_safely(filename, map_location)

@@ -2,6 +2,7 @@
 DataLoader without a model (``tools/benchmark_dataloader.py``,
 ``tools/compare_decoders.py``)."""
 import argparse
+import os.path as osp
 from typing import Optional, Tuple
 
 from mmengine.config import Config, ConfigDict, DictAction
@@ -37,7 +38,7 @@ def load_dataloader_config(
     Raises:
         SystemExit: If the config has no such dataloader (names both).
     """
-    cfg = Config.fromfile(path)
+    cfg = Config.fromfile(resolve_config_path(path))
     if cfg_options:
         cfg.merge_from_dict(cfg_options)
     if cfg.get('default_scope'):
@@ -46,3 +47,25 @@ def load_dataloader_config(
     if not cfg.get(key):
         raise SystemExit(f'{path} has no {key}')
     return cfg, cfg[key]
+
+
+def resolve_config_path(path: str) -> str:
+    """The file of a config named like a ``_base_`` entry of another
+    codebase (``mmdet::mask_rcnn/mask-rcnn_r50_fpn_1x_coco.py``).
+
+    ``Config.fromfile`` resolves that syntax only inside ``_base_``.
+    mmengine's public ``get_config`` would pip-install a missing package, so
+    its two path helpers are used instead (private; only here).
+
+    Raises:
+        SystemExit: If the codebase is not installed (names it).
+    """
+    if '::' not in path or osp.isfile(path):
+        return path
+    from mmengine.config.utils import (_get_external_cfg_base_path,
+                                       _get_package_and_cfg_path)
+    from mmengine.utils import get_installed_path, is_installed
+    package, relative = _get_package_and_cfg_path(path)
+    if not is_installed(package):
+        raise SystemExit(f'{path}: the package {package} is not installed')
+    return _get_external_cfg_base_path(get_installed_path(package), relative)

@@ -118,6 +118,12 @@ def test_fast_forward_continues_the_epoch_across_world_sizes(
         monkeypatch,
         seed=seed,
         mini_epochs=mini_epochs)
+    check_fast_forward(resumed, stream, epoch, consumed)
+
+
+def check_fast_forward(resumed, stream, epoch, consumed):
+    """``resumed`` (simulated ranks), fast-forwarded to ``consumed`` in
+    ``epoch``, continue the global ``stream`` of that (mini-)epoch."""
     for sampler in resumed:
         sampler.set_epoch(epoch)
         sampler.fast_forward(consumed)
@@ -126,7 +132,7 @@ def test_fast_forward_continues_the_epoch_across_world_sizes(
     for rank, ids in enumerate(per_rank):
         # Rank r continues at stream positions consumed + r + k * W.
         assert ids == [
-            stream[(consumed + rank + k * new_world) % len(stream)]
+            stream[(consumed + rank + k * len(resumed)) % len(stream)]
             for k in range(len(ids))
         ]
     # Before + after = the whole mini-epoch.
@@ -134,6 +140,22 @@ def test_fast_forward_continues_the_epoch_across_world_sizes(
     assert set(stream[:consumed]) | set(itertools.chain(*per_rank)) == part
     # One-shot: the next iteration is the full epoch again.
     assert len(list(resumed[0])) == len(resumed[0])
+
+
+def test_fast_forward_to_an_offset_the_new_world_size_does_not_divide(
+        block, monkeypatch):
+    # One rank trained one iteration of batch 3; the run resumes on 2 ranks:
+    # 7 positions left for 2 ranks, so each rank needs 4 (one wraps around).
+    n, seed, epoch, consumed = 10, 5, 1, 3
+    stream = _global_epoch(n, seed, epoch, monkeypatch)
+    resumed = _ranks(RankShardedSampler, n, 2, monkeypatch, seed=seed)
+    for sampler in resumed:
+        sampler.set_epoch(epoch)
+        sampler.fast_forward(consumed)
+    per_rank = [list(sampler) for sampler in resumed]
+    assert [len(ids) for ids in per_rank] == [4, 4]
+    seen = set(stream[:consumed]) | set(itertools.chain(*per_rank))
+    assert seen == set(range(n)), f'lost {set(range(n)) - seen}'
 
 
 @pytest.mark.parametrize('world_size', [1, 2, 3])

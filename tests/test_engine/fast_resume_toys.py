@@ -118,7 +118,9 @@ def make_runner(work_dir,
         dataset=dataset if dataset is not None else ToyDataset(),
         batch_size=4,
         num_workers=num_workers,
-        sampler=sampler and dict(type=sampler, shuffle=True))
+        # A sampler type, or a whole sampler config.
+        sampler=sampler and (dict(type=sampler, shuffle=True) if isinstance(
+            sampler, str) else sampler))
     return Runner(
         model=ToyModel(),
         work_dir=str(work_dir),

@@ -1,11 +1,14 @@
 """tools/train.py end to end on CPU: train, resume, AMP, 2 ranks."""
 import copyreg
+import glob
 import os.path as osp
+import shutil
 import sys
 
 import pytest
 import torch
 from helpers import DEMO_CONFIG, TRAIN_SCRIPT, quick_cfg_options
+from hostile_checkpoints import write_hostile_checkpoint
 from mmengine.logging import HistoryBuffer
 
 from mmdata_plugin.testing import ProcessFailed, run_command, run_torchrun
@@ -73,6 +76,69 @@ def test_stock_checkpoint_refused_unless_trusted(trained_work_dir, train_env,
     out = _train(tmp_path / 'trusted', train_env, '--resume', stock,
                  '--trust-checkpoint', stock, max_iters=7)
     assert 'resumed epoch: 0, iter: 6' in out
+
+
+def test_resume_from_forged_numpy_data_is_refused(train_env, tmp_path):
+    hostile = write_hostile_checkpoint('object_array_in_history_buffer',
+                                       str(tmp_path / 'hostile.pth'))
+    with pytest.raises(ProcessFailed) as refused:
+        _train(tmp_path / 'work', train_env, '--resume', hostile,
+               max_iters=2)
+    message = str(refused.value)
+    # Exit code 1 (the refusal), not -11 (SIGSEGV).
+    assert 'failed with exit code 1:' in message
+    assert f'Refusing to load checkpoint "{hostile}"' in message
+    assert 'numpy data numpy itself never writes' in message
+
+
+def _work_dir_with_truncated_latest(trained_work_dir, work_dir):
+    work_dir.mkdir()
+    for name in ('iter_3.pth', 'iter_6.pth'):
+        shutil.copy(osp.join(trained_work_dir, name), work_dir / name)
+    latest = work_dir / 'iter_6.pth'
+    content = latest.read_bytes()
+    latest.write_bytes(content[:len(content) // 2])
+    (work_dir / 'last_checkpoint').write_text(str(latest))
+    return str(latest)
+
+
+def _log_file_text(work_dir):
+    (log_file, ) = glob.glob(osp.join(work_dir, '*', '*.log'))
+    with open(log_file) as f:
+        return f.read()
+
+
+def test_truncated_checkpoint_error_names_the_file(trained_work_dir,
+                                                   train_env, tmp_path):
+    truncated = _work_dir_with_truncated_latest(trained_work_dir,
+                                                tmp_path / 'work')
+    with pytest.raises(ProcessFailed) as failed:
+        _train(tmp_path / 'other', train_env, '--resume', truncated,
+               max_iters=7)
+    assert f'Cannot read checkpoint "{truncated}"' in str(failed.value)
+
+
+def test_auto_resume_falls_back_to_the_newest_readable_checkpoint(
+        trained_work_dir, train_env, tmp_path):
+    work_dir = tmp_path / 'work'
+    truncated = _work_dir_with_truncated_latest(trained_work_dir, work_dir)
+    out = _train(work_dir, train_env, '--resume', max_iters=7)
+    warning = f'--resume: skipping unreadable checkpoint {truncated}'
+    assert warning in out
+    assert warning in _log_file_text(work_dir)
+    assert (f'--resume: resuming from {work_dir / "iter_3.pth"}, the newest '
+            'readable checkpoint.') in out
+    assert 'resumed epoch: 0, iter: 3' in out
+
+
+def test_auto_resume_without_checkpoint_says_it_starts_from_scratch(
+        train_env, tmp_path):
+    out = _train(tmp_path, train_env, '--resume', max_iters=2)
+    message = (f'--resume: no readable checkpoint in {tmp_path}; training '
+               'starts from scratch.')
+    assert message in out
+    assert message in _log_file_text(tmp_path)
+    assert 'Saving checkpoint at 2 iterations' in out
 
 
 def test_amp_on_cpu(train_env, tmp_path):

@@ -14,6 +14,7 @@ from PIL import Image
 from mmdata_plugin.transforms import (LoadImageFromFileReduced,
                                       ReducedDecodePipeline)
 from mmdata_plugin.transforms import image_decoding
+from mmdata_plugin.transforms.decode_target import decode_target
 from mmdata_plugin.transforms.image_decoding import available_backends
 from mmdata_plugin.utils import (camera_like_image, encode_jpeg,
                                  pixel_difference)
@@ -149,6 +150,29 @@ def test_decodes_at_smallest_scale_still_at_least_the_target(images):
         assert results['img_shape'] == shape
         assert results['ori_shape'] == (720, 1280)
         assert results['scale_factor'] == (1 / reduction, 1 / reduction)
+
+
+@pytest.mark.parametrize('resize, reduction', [
+    (dict(scale=(200, 150)), 8),
+    (dict(scale=(201, 151)), 4),
+    (dict(scale=(201, 150)), 4),
+    (dict(scale=(200, 151)), 4),
+    (dict(scale=(200, 150), keep_ratio=True), 8),
+    (dict(scale=(201, 151), keep_ratio=True), 4),
+])
+def test_one_pixel_below_the_target_is_not_decoded_smaller(
+        tmp_path_factory, resize, reduction):
+    # 1600x1200 at 1/8 is 200x150: exactly the 200x150 target, 1 px short
+    # of 201x151 (also what keep_ratio makes of 1600x1200 for (201, 151)).
+    path = str(tmp_path_factory.getbasetemp() / 'uxga.jpg')
+    if not osp.exists(path):
+        with open(path, 'wb') as f:
+            f.write(encode_jpeg(camera_like_image(1600, 1200, seed=3)))
+    target = decode_target(dict(type='Resize', **resize))
+    loaded = LoadImageFromFileReduced(**target)(dict(img_path=path))
+    assert loaded['scale_factor'] == (1 / reduction, 1 / reduction)
+    height, width = loaded['img'].shape[:2]
+    assert width >= resize['scale'][0] and height >= resize['scale'][1]
 
 
 def test_exact_shapes_reduce_only_by_scales_dividing_both_sides():

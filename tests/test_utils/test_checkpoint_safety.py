@@ -1,37 +1,22 @@
 """Checkpoints load with weights_only=True; malicious pickles are refused."""
 import os
 import os.path as osp
+import pickle
+from collections import OrderedDict
 
 import numpy as np
 import pytest
 import torch
+from hostile_checkpoints import (HOSTILE_PAYLOADS, RunsShellCommand,
+                                 UsesGetattrGadget, write_hostile_checkpoint)
 from mmengine.logging import HistoryBuffer, MessageHub
 from mmengine.runner.checkpoint import CheckpointLoader, _load_checkpoint
 
 import mmdata_plugin  # noqa: F401  (installs the safe loaders)
 from mmdata_plugin.utils import (TRUSTED_CHECKPOINTS_ENV,
+                                 UnreadableCheckpointError,
                                  UnsafeCheckpointError, trust_checkpoint)
-
-
-class _RunsShellCommand:
-    """A pickle payload that runs a command when unpickled."""
-
-    def __init__(self, command):
-        self.command = command
-
-    def __reduce__(self):
-        return os.system, (self.command, )
-
-
-class _UsesGetattrGadget:
-    """The `builtins.getattr` gadget attackers chain to reach any callable.
-
-    Harmless here (it resolves ``str.upper``), but it is exactly what stock
-    mmengine checkpoints contain.
-    """
-
-    def __reduce__(self):
-        return getattr, (str, 'upper')
+from mmdata_plugin.utils.checkpoint_safety import trusted_checkpoints
 
 
 @pytest.fixture(autouse=True)
@@ -72,7 +57,7 @@ def test_malicious_checkpoint_is_refused(tmp_path):
     torch.save(
         dict(
             state_dict=dict(w=torch.ones(1)),
-            meta=_RunsShellCommand(f'touch {marker}')), path)
+            meta=RunsShellCommand(f'touch {marker}')), path)
     with pytest.raises(UnsafeCheckpointError) as error:
         CheckpointLoader.load_checkpoint(path, map_location='cpu')
     assert 'system' in str(error.value)
@@ -81,14 +66,19 @@ def test_malicious_checkpoint_is_refused(tmp_path):
 
 def test_getattr_gadget_is_refused(tmp_path):
     path = str(tmp_path / 'gadget.pth')
-    torch.save(dict(meta=_UsesGetattrGadget()), path)
-    with pytest.raises(UnsafeCheckpointError, match='builtins.getattr'):
+    torch.save(dict(meta=UsesGetattrGadget()), path)
+    assert torch.serialization.get_unsafe_globals_in_checkpoint(path) == [
+        'builtins.getattr'
+    ]
+    with pytest.raises(UnsafeCheckpointError) as error:
         CheckpointLoader.load_checkpoint(path)
+    assert "outside the safe allow-list: ['builtins.getattr']" in str(
+        error.value)
 
 
 def test_trusting_another_file_does_not_trust_this_one(tmp_path):
     path = str(tmp_path / 'gadget.pth')
-    torch.save(dict(meta=_UsesGetattrGadget()), path)
+    torch.save(dict(meta=UsesGetattrGadget()), path)
     trust_checkpoint(str(tmp_path / 'other.pth'))
     with pytest.raises(UnsafeCheckpointError):
         CheckpointLoader.load_checkpoint(path)
@@ -96,9 +86,10 @@ def test_trusting_another_file_does_not_trust_this_one(tmp_path):
 
 def test_explicitly_trusted_file_loads(tmp_path):
     path = str(tmp_path / 'gadget.pth')
-    torch.save(dict(meta=_UsesGetattrGadget()), path)
+    torch.save(dict(meta=UsesGetattrGadget()), path)
     trust_checkpoint(path)
-    assert CheckpointLoader.load_checkpoint(path)['meta'] == str.upper
+    assert CheckpointLoader.load_checkpoint(path)['meta'] == (
+        OrderedDict.fromkeys)
 
 
 def test_missing_file_error(tmp_path):
@@ -111,3 +102,107 @@ def test_plain_weights_still_load(tmp_path):
     torch.save(dict(state_dict=dict(w=torch.arange(3.))), path)
     loaded = CheckpointLoader.load_checkpoint(path)
     assert torch.equal(loaded['state_dict']['w'], torch.arange(3.))
+
+
+def _load_in_forked_child(path):
+    """Load ``path`` and read every value in a forked child (a SIGSEGV kills
+    the child, not pytest); its exit status and output."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read_end)
+        code = 0
+        try:
+            text = 'LOADED ' + repr(CheckpointLoader.load_checkpoint(path))
+        except UnsafeCheckpointError as error:
+            text, code = f'REFUSED {error}', 3
+        except BaseException as error:
+            text, code = f'{type(error).__name__}: {error}', 4
+        os.write(write_end, text.encode())
+        os._exit(code)
+    os.close(write_end)
+    with os.fdopen(read_end, 'rb') as output:
+        text = output.read().decode()
+    _, status = os.waitpid(pid, 0)
+    return status, text
+
+
+@pytest.mark.parametrize('payload', sorted(HOSTILE_PAYLOADS))
+def test_forged_numpy_data_is_refused_without_crashing(payload, tmp_path):
+    path = write_hostile_checkpoint(payload, str(tmp_path / 'hostile.pth'))
+    status, output = _load_in_forked_child(path)
+    assert not os.WIFSIGNALED(status), (
+        f'the load killed the process with signal {os.WTERMSIG(status)}')
+    assert os.WEXITSTATUS(status) == 3, output
+    assert f'Refusing to load checkpoint "{path}"' in output
+    assert 'numpy data numpy itself never writes' in output
+
+
+def test_plain_numpy_content_round_trips_as_plain_numpy(tmp_path):
+    big_endian = np.arange(4, dtype='>i2').reshape(2, 2)
+    shared = np.linspace(0, 1, 5, dtype=np.float32)
+    content = dict(
+        arrays=[
+            np.zeros((0, 3), np.uint8), big_endian,
+            np.asfortranarray(np.arange(6.).reshape(2, 3)),
+            np.array(True), np.arange(3, dtype=np.complex64), shared, shared
+        ],
+        scalars=(np.float64(0.5), np.int8(-3), np.bool_(True)),
+        dtypes={np.dtype('f4'), np.dtype('>u8')},
+        ordered=OrderedDict(a=np.uint16(7)))
+    path = str(tmp_path / 'numpy.pth')
+    torch.save(dict(meta=content), path)
+    loaded = CheckpointLoader.load_checkpoint(path)['meta']
+    for got, want in zip(loaded['arrays'], content['arrays']):
+        assert type(got) is np.ndarray
+        # What numpy's own unpickling gives (it makes byte order native).
+        assert got.dtype == pickle.loads(pickle.dumps(want)).dtype
+        np.testing.assert_array_equal(got, want)
+    assert loaded['arrays'][2].flags.f_contiguous
+    assert loaded['arrays'][5] is loaded['arrays'][6]
+    assert loaded['scalars'] == content['scalars']
+    assert [type(v) for v in loaded['scalars']] == [
+        np.float64, np.int8, np.bool_
+    ]
+    assert loaded['dtypes'] == content['dtypes']
+    assert all(isinstance(d, np.dtype) for d in loaded['dtypes'])
+    assert isinstance(loaded['ordered'], OrderedDict)
+    assert type(loaded['ordered']['a']) is np.uint16
+
+
+def test_non_numeric_numpy_data_is_refused_unless_trusted(tmp_path):
+    path = str(tmp_path / 'strings.pth')
+    torch.save(dict(meta=dict(classes=np.array(['cat', 'dog']))), path)
+    with pytest.raises(UnsafeCheckpointError, match="dtype 'U3'"):
+        CheckpointLoader.load_checkpoint(path)
+    trust_checkpoint(path)
+    loaded = CheckpointLoader.load_checkpoint(path)
+    assert list(loaded['meta']['classes']) == ['cat', 'dog']
+
+
+def test_users_safe_globals_survive_a_load(tmp_path):
+    path = str(tmp_path / 'numpy.pth')
+    torch.save(dict(meta=np.arange(3)), path)
+    before = torch.serialization.get_safe_globals()
+    torch.serialization.add_safe_globals([np.dtype, np.ndarray])
+    try:
+        CheckpointLoader.load_checkpoint(path)
+        with pytest.raises(UnsafeCheckpointError):
+            CheckpointLoader.load_checkpoint(
+                write_hostile_checkpoint('object_array_in_meta',
+                                         str(tmp_path / 'hostile.pth')))
+        after = torch.serialization.get_safe_globals()
+        assert set(after) == set(before) | {np.dtype, np.ndarray}
+    finally:
+        torch.serialization.clear_safe_globals()
+        torch.serialization.add_safe_globals(before)
+
+
+def test_trusted_list_keeps_urls_whole(tmp_path, monkeypatch):
+    local = str(tmp_path / 'a.pth')
+    urls = ['http://127.0.0.1:8000/x.pth', 'open-mmlab:s3://bucket/k.pth']
+    monkeypatch.setenv(TRUSTED_CHECKPOINTS_ENV,
+                       ':'.join([local, urls[0], '/b/c.pth', urls[1]]))
+    assert trusted_checkpoints() == [local, urls[0], '/b/c.pth', urls[1]]
+    trust_checkpoint('mmcls://net')
+    assert trusted_checkpoints()[-1] == 'mmcls://net'

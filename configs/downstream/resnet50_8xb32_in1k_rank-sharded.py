@@ -1,0 +1,21 @@
+# mmpretrain 1.x ResNet-50 on ImageNet. Its meta/train.txt ("path label"
+# lines) is read in place by RankShardedDataset; no conversion needed. (A
+# CustomDataset that scans class folders: dump it with
+# tools/dump_data_list.py and point ann_file at the .jsonl.)
+# Train with:  mim train mmpretrain THIS_FILE
+_base_ = 'mmpretrain::resnet/resnet50_8xb32_in1k.py'
+custom_imports = dict(imports=['mmdata_plugin'], allow_failed_imports=False)
+
+train_cfg = dict(type='FastResumeEpochBasedTrainLoop')
+
+train_dataloader = dict(
+    sampler=dict(type='RankShardedSampler', shuffle=True),
+    dataset=dict(
+        _delete_=True,
+        type='RankShardedDataset',
+        data_root='data/imagenet',
+        ann_file='meta/train.txt',
+        data_prefix=dict(img_path='train'),
+        pipeline={{_base_.train_pipeline}}))
+
+custom_hooks = [dict(type='DataMonitorHook', interval=50)]

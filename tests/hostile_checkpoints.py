@@ -1,0 +1,162 @@
+"""Hand-crafted hostile checkpoints for the safe loader's tests.
+
+Two code gadgets, then payloads that name only globals the safe loader
+accepts by name (numpy's ``dtype``, ``_reconstruct``, ``scalar``, our
+HistoryBuffer rebuilder), with a forged state: the attacks numpy itself
+never writes.
+"""
+import copyreg
+import os
+from collections import OrderedDict
+
+import numpy as np
+import torch
+
+from mmdata_plugin.utils.checkpoint_safety import rebuild_history_buffer
+
+_multiarray = getattr(np, '_core', None) or np.core
+_RECONSTRUCT = _multiarray.multiarray._reconstruct
+_SCALAR = _multiarray.multiarray.scalar
+# numpy's own object dtype state has flags 63 (it holds references); 0 makes
+# numpy treat the raw bytes of the file as object pointers.
+_NO_REFERENCE_FLAGS = 0
+
+
+class RunsShellCommand:
+    """A pickle payload that runs a command when unpickled."""
+
+    def __init__(self, command):
+        self.command = command
+
+    def __reduce__(self):
+        return os.system, (self.command, )
+
+
+class UsesGetattrGadget:
+    """The `builtins.getattr` gadget attackers chain to reach any callable.
+
+    Harmless here (it resolves ``OrderedDict.fromkeys``), but it is exactly
+    what stock mmengine checkpoints contain. ``OrderedDict`` is allowed by
+    torch itself, so ``builtins.getattr`` is the only global the safe loader
+    can refuse it for.
+    """
+
+    def __reduce__(self):
+        return getattr, (OrderedDict, 'fromkeys')
+
+
+class ForgedDtype:
+    """Pickles as ``numpy.dtype(spec)`` followed by a BUILD of ``state``."""
+
+    def __init__(self, spec, state):
+        self.spec, self.state = spec, state
+
+    def __reduce__(self):
+        return np.dtype, (self.spec, False, True), self.state
+
+
+class DtypeWithoutSpec:
+    """Pickles as NEWOBJ ``numpy.dtype`` (no constructor call), then BUILD
+    of an object dtype's state."""
+
+    # pickle checks that NEWOBJ's class is the object's __class__.
+    __class__ = property(lambda self: np.dtype)
+
+    def __reduce__(self):
+        return copyreg.__newobj__, (np.dtype, ), (3, '|', None, None, None,
+                                                  -1, -1, 0)
+
+
+class ForgedArray:
+    """Pickles as numpy's ``_reconstruct`` + BUILD with a chosen state."""
+
+    def __init__(self, shape, dtype, data):
+        self.state = (1, shape, dtype, False, data)
+
+    def __reduce__(self):
+        return _RECONSTRUCT, (np.ndarray, (0, ), b'b'), self.state
+
+
+class ForgedScalar:
+    """Pickles as numpy's ``scalar(dtype, data)``."""
+
+    def __init__(self, dtype, data):
+        self.args = (dtype, data)
+
+    def __reduce__(self):
+        return _SCALAR, self.args
+
+
+class ForgedHistoryBuffer:
+    """Our HistoryBuffer rebuilder fed a hostile array."""
+
+    def __init__(self, log_history):
+        self.log_history = log_history
+
+    def __reduce__(self):
+        return rebuild_history_buffer, (self.log_history, [1], 20, '<f8',
+                                        '<i8')
+
+
+def forged_object_dtype():
+    """Object dtype whose flags claim it holds no references."""
+    return ForgedDtype('O8', (3, '|', None, None, None, -1, -1,
+                              _NO_REFERENCE_FLAGS))
+
+
+def forged_object_array(items=2):
+    """An object array whose 'pointers' are bytes of the file."""
+    return ForgedArray((items, ), forged_object_dtype(), b'\x41' * 8 * items)
+
+
+def record_with_object_field():
+    dtype = ForgedDtype('V8', (3, '|', None, ('a', ), {
+        'a': (forged_object_dtype(), 0)
+    }, 8, 1, _NO_REFERENCE_FLAGS))
+    return ForgedArray((2, ), dtype, b'\x41' * 16)
+
+
+def record_with_field_outside_item():
+    """A record whose only field lies 64 KiB past its 8-byte item."""
+    dtype = ForgedDtype('V8', (3, '|', None, ('a', ), {
+        'a': (np.dtype('<f8'), 65536)
+    }, 8, 1, 16))
+    return ForgedArray((2, ), dtype, b'\x00' * 16)
+
+
+def array_with_short_buffer():
+    """Shape promises 1000 float64 values, the data holds 8 bytes."""
+    return ForgedArray((1000, ), np.dtype('<f8'), b'\x00' * 8)
+
+
+#: name -> the object stored in the hostile checkpoint.
+HOSTILE_PAYLOADS = {
+    'object_array_in_meta': lambda: dict(meta=dict(x=forged_object_array())),
+    'object_array_in_history_buffer': lambda: dict(message_hub=dict(
+        log_scalars={'loss': ForgedHistoryBuffer(forged_object_array())})),
+    'object_scalar_in_set': lambda: dict(meta=dict(x={
+        ForgedScalar(forged_object_dtype(), b'\x41' * 8)
+    })),
+    'dtype_built_without_its_spec': lambda: dict(meta=dict(x=ForgedArray(
+        (2, ), DtypeWithoutSpec(), b'\x41' * 16))),
+    'float_dtype_claiming_references': lambda: dict(meta=dict(x=ForgedArray(
+        (2, ), ForgedDtype('f8', (3, '<', None, None, None, -1, -1, 63)),
+        b'\x41' * 16))),
+    'float_dtype_with_far_field': lambda: dict(meta=dict(x=ForgedArray(
+        (2, ), ForgedDtype('f8', (3, '<', None, ('a', ), {
+            'a': (np.dtype('<f8'), 65536)
+        }, 8, 1, 16)), b'\x41' * 16))),
+    'record_with_object_field': lambda: dict(
+        meta=dict(x=record_with_object_field())),
+    'record_field_outside_item': lambda: dict(
+        meta=dict(x=record_with_field_outside_item())),
+    'array_with_short_buffer': lambda: dict(
+        meta=dict(x=array_with_short_buffer())),
+}
+
+
+def write_hostile_checkpoint(name, path, **extra):
+    """Write payload ``name`` (plus ``extra`` entries) to ``path``."""
+    checkpoint = dict(HOSTILE_PAYLOADS[name](), **extra)
+    torch.save(checkpoint, path)
+    return path
