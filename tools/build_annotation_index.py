@@ -35,8 +35,8 @@ def parse_args():
 def main():
     args = parse_args()
     fmt = annotation_format(args.ann_file, args.format)
-    index_file = args.index_file or default_index_path(args.ann_file,
-                                                       args.index_dir)
+    index_file = args.index_file or default_index_path(
+        args.ann_file, args.index_dir, fmt)
     with index_build_lock(index_file):
         problem = index_problem(index_file, args.ann_file, fmt)
         if args.check:

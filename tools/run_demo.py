@@ -61,10 +61,15 @@ def train_command(args, *extra):
     ]
 
 
+def scalar_files(work_dir: str) -> list:
+    """The scalars.json of each run (killed and resumed), oldest first."""
+    return sorted(
+        glob.glob(osp.join(work_dir, '*', 'vis_data', 'scalars.json')))
+
+
 def last_val_metrics(work_dir: str) -> dict:
     metrics = {}
-    for path in sorted(glob.glob(osp.join(work_dir, '*', 'vis_data',
-                                          'scalars.json'))):
+    for path in scalar_files(work_dir):
         with open(path) as f:
             for line in f:
                 record = json.loads(line)
@@ -111,6 +116,8 @@ def main():
     print(f'  checkpoints  : {", ".join(map(osp.basename, checkpoints))}')
     for log in logs:
         print(f'  log          : {log}')
+    for scalars in scalar_files(args.work_dir):
+        print(f'  scalars      : {scalars}')
     for report in sorted(
             glob.glob(osp.join(args.work_dir, '*', 'data_monitor.*'))):
         print(f'  data monitor : {report}')

@@ -4,25 +4,31 @@ Shared by every dataset that reads annotation files, so that all of them agree
 on what a valid line is. Two formats exist:
 
 * ``'lines'``: ``relative/path label``. The label is the last
-  whitespace-separated field (any number of ASCII digits), everything before
-  it is the path (spaces allowed).
+  whitespace-separated word (any number of ASCII digits), everything before
+  it is the path (spaces allowed). A path that itself ends in a separate
+  all-digits word (``scan 0042 3``, ``a.jpg 1 2``) is refused as ambiguous:
+  it may be a number in a file name, a second label, or a line whose label
+  is missing, and no rule tells them apart. Name such files otherwise, or
+  use JSON Lines (explicit ``img_path`` and ``gt_label``).
 * ``'jsonl'``: JSON Lines, one JSON object (an mmengine data-info dict) per
   line.
 
 In both, lines are separated by ``\\n`` (a ``\\r`` before it is ignored),
 blank lines are not samples, a last line without a newline is still a sample,
-and every line must be valid UTF-8. Errors name ``file:line``.
+every line must be valid UTF-8 and a UTF-8 byte-order mark at the start of
+the file is not part of the first line. Errors name ``file:line``.
 
 :func:`sample_line_starts` classifies a whole buffer of lines at once with
 numpy (used to index 1e9-line files); it takes a vectorised fast path only
 for lines that the per-line functions would accept with the same result, and
 hands every other line to them, so both always agree.
 """
-from typing import Iterator, Optional, Tuple
+from typing import Callable, Iterator, Optional, Tuple
 
 import numpy as np
 
 LINE_FORMATS = ('lines', 'jsonl')
+UTF8_BOM = b'\xef\xbb\xbf'
 
 
 class AnnotationFormatError(ValueError):
@@ -31,12 +37,18 @@ class AnnotationFormatError(ValueError):
 
 def decode_line(raw: bytes, filename: str, lineno: int) -> str:
     """Decode one annotation line as UTF-8, naming the line on failure."""
+    return decode_text(raw, lambda: f'{filename}:{lineno}')
+
+
+def decode_text(raw: bytes, where: Optional[Callable[[], str]]) -> str:
+    """:func:`decode_line` with the error location computed lazily (None:
+    the caller adds it)."""
     try:
         return raw.decode('utf-8')
     except UnicodeDecodeError as error:
         raise AnnotationFormatError(
-            f'{filename}:{lineno}: line is not valid UTF-8 '
-            f'({error.reason} at byte {error.start}): {raw[:80]!r}') from None
+            _at(where, f'line is not valid UTF-8 ({error.reason} at byte '
+                f'{error.start}): {raw[:80]!r}')) from None
 
 
 def parse_path_label(line: str, filename: str,
@@ -51,12 +63,66 @@ def parse_path_label(line: str, filename: str,
     Returns:
         tuple[str, int]: The relative path and the label.
     """
+    return split_path_label(line, lambda: f'{filename}:{lineno}')
+
+
+def split_path_label(line: str,
+                     where: Optional[Callable[[], str]]) -> Tuple[str, int]:
+    """:func:`parse_path_label` with the error location computed lazily.
+
+    Args:
+        line (str): One line, with or without its line terminator.
+        where (Callable[[], str], optional): Returns ``file:line`` for an
+            error message; called only when the line is bad (finding a line
+            number at read time costs a scan of the file). None: the caller
+            adds the location to the error.
+    """
     fields = line.rstrip().rsplit(maxsplit=1)
     if len(fields) != 2 or not fields[1].isdigit() or not fields[1].isascii():
         raise AnnotationFormatError(
-            f'{filename}:{lineno}: expected "relative/path label" with an '
-            f'integer label, got {line.rstrip()!r}')
-    return fields[0], int(fields[1])
+            _at(where, 'expected "relative/path label" with an integer '
+                f'label, got {line.rstrip()!r}'))
+    path, label = fields
+    # (The second split only for paths that end in a digit: it is per
+    # sample at read time.)
+    last_word = path.rsplit(maxsplit=1) if path[-1].isdigit() else ()
+    if (len(last_word) == 2 and last_word[1].isdigit()
+            and last_word[1].isascii()):
+        raise AnnotationFormatError(
+            _at(where, f'ambiguous line {line.rstrip()!r}: the path '
+                f'{path!r} ends in the separate number {last_word[1]!r}, so '
+                'the label may be either number (or missing). The label is '
+                'the last word; rename such files or use JSON Lines '
+                '(img_path, gt_label).'))
+    return path, int(label)
+
+
+def check_label(label, num_classes: Optional[int],
+                where: Optional[Callable[[], str]]) -> None:
+    """Refuse a label outside ``range(num_classes)`` (the dataset's
+    ``metainfo['classes']``) before it reaches the loss as an IndexError.
+
+    Args:
+        label (int | list[int]): A ``gt_label``; other types are left to the
+            pipeline.
+        num_classes (int, optional): Number of classes; None checks nothing.
+        where (Callable[[], str], optional): Returns ``file:line``; called
+            on error. None: the caller adds the location.
+    """
+    if num_classes is None or (type(label) is int
+                               and 0 <= label < num_classes):
+        return
+    labels = label if isinstance(label, list) else [label]
+    for value in labels:
+        if isinstance(value, int) and not 0 <= value < num_classes:
+            raise AnnotationFormatError(
+                _at(where, f'label {value} is outside the dataset\'s '
+                    f'{num_classes} classes (metainfo["classes"]; labels '
+                    f'are 0..{num_classes - 1})'))
+
+
+def _at(where: Optional[Callable[[], str]], message: str) -> str:
+    return f'{where()}: {message}' if where is not None else message
 
 
 def check_json_object_line(line: str, filename: str, lineno: int) -> None:
@@ -98,6 +164,8 @@ def iter_path_labels(filename: str) -> Iterator[Tuple[int, str, int]]:
     """Yield ``(lineno, path, label)`` for every sample line of a file."""
     with open(filename, 'rb') as file:
         for lineno, raw in enumerate(file, 1):
+            if lineno == 1 and raw.startswith(UTF8_BOM):
+                raw = raw[len(UTF8_BOM):]
             line = _sample_text(raw, filename, lineno)
             if line is not None:
                 path, label = parse_path_label(line, filename, lineno)
@@ -151,6 +219,11 @@ def _fast_sample_mask(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray,
     path_end = _skip_back(buf, label_start, starts, _ASCII_SPACE)
     sure &= (path_end < label_start) & (path_end > starts)
     sure &= _ASCII_WORD[buf[np.maximum(path_end - 1, 0)]]
+    # Not ambiguous: the path's last word is not a separate number (digits
+    # reaching back to the line start make a one-word path).
+    digits_start = _skip_back(buf, path_end, starts, _DIGIT)
+    sure &= ((digits_start == path_end) | (digits_start == starts)
+             | _ASCII_WORD[buf[np.maximum(digits_start - 1, 0)]])
     return sure, blank
 
 

@@ -8,15 +8,24 @@ process holds no per-sample data at all: the bytes stay in the page cache,
 shared by every rank and worker of the node.
 
 File layout: a 4 KiB header (magic, then JSON: source fingerprint, format,
-counts), then ``num_samples + 1`` little-endian uint64 offsets: the first byte
-of every sample line and, last, the file size. Sample ``i`` is the bytes
+counts, ``data_start``: 3 after a UTF-8 byte-order mark, else 0), then
+``num_samples + 1`` little-endian uint64 offsets: the first byte of every
+sample line and, last, the file size. Sample ``i`` is the bytes
 ``[offset[i], offset[i + 1])``; they may end with blank lines, which are
 whitespace and disappear when the line is stripped.
+
+The fingerprint cannot see every edit (a same-size change in the middle of
+the file with its mtime restored), so each read also checks that the bytes
+still start and end a line: the first follows a newline (or starts the
+data), the last is a newline (or the file's last byte). An edit that moves a
+line boundary fails that check (the dataset also refuses a newline inside
+the stripped line).
 """
 import contextlib
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import os.path as osp
 import socket
@@ -28,7 +37,7 @@ from typing import Dict, Iterator, Optional, Tuple
 import numpy as np
 from mmengine.logging import print_log
 
-from .annotation_lines import (LINE_FORMATS, AnnotationFormatError,
+from .annotation_lines import (LINE_FORMATS, UTF8_BOM, AnnotationFormatError,
                                sample_line_starts)
 
 INDEX_VERSION = 1
@@ -59,26 +68,66 @@ def annotation_format(ann_file: str, ann_format: str = 'auto') -> str:
     return ann_format
 
 
-def default_index_path(ann_file: str,
-                       index_dir: Optional[str] = None,
-                       beside: bool = True) -> str:
-    """Where the index of ``ann_file`` lives unless a path is given.
+def shared_index_path(ann_file: str) -> str:
+    """The index next to the annotation file, which every node reuses."""
+    return osp.abspath(ann_file) + INDEX_SUFFIX
 
-    Next to the annotation file when its folder is writable (so every node
-    that mounts it reuses it) and ``beside`` allows it, else in
-    ``index_dir``, ``$MMDATA_INDEX_DIR`` or
-    ``~/.cache/mmdata_plugin/line_index`` under a name that includes a hash
-    of the annotation file's real path. ``beside=False`` is for a file in a
-    folder that is not ours to write (a cache's entries).
-    """
-    ann_dir = osp.dirname(osp.abspath(ann_file))
-    if index_dir is None and beside and os.access(ann_dir, os.W_OK):
-        return osp.abspath(ann_file) + INDEX_SUFFIX
+
+def private_index_path(ann_file: str, index_dir: Optional[str] = None) -> str:
+    """The index in ``index_dir``, ``$MMDATA_INDEX_DIR`` or
+    ``~/.cache/mmdata_plugin/line_index``, under a name that includes a hash
+    of the annotation file's real path."""
     index_dir = index_dir or os.environ.get(INDEX_DIR_ENV) or osp.join(
         osp.expanduser('~'), '.cache', 'mmdata_plugin', 'line_index')
     key = hashlib.sha1(osp.realpath(ann_file).encode()).hexdigest()[:12]
     return osp.join(index_dir,
                     f'{osp.basename(ann_file)}.{key}{INDEX_SUFFIX}')
+
+
+def folder_writable(folder: str) -> bool:
+    """Whether this process may create files in ``folder``."""
+    return os.access(folder, os.W_OK)
+
+
+def default_index_path(ann_file: str,
+                       index_dir: Optional[str] = None,
+                       fmt: Optional[str] = None,
+                       beside: bool = True) -> str:
+    """Where the index of ``ann_file`` is read from, or built.
+
+    The index next to the annotation file whenever it is valid, whether or
+    not that folder is writable (an admin builds it once for a shared,
+    read-only dataset with ``tools/build_annotation_index.py``). A missing or
+    stale one is built next to the file too if the folder is writable and
+    no ``index_dir`` is given; otherwise in :func:`private_index_path`.
+
+    Args:
+        ann_file (str): The annotation file.
+        index_dir (str, optional): Folder for indexes that cannot or should
+            not be built next to the annotation file.
+        fmt (str, optional): ``'lines'`` or ``'jsonl'`` (default: by the
+            extension).
+        beside (bool): False for a file in a folder that is not ours (a
+            cache's entries): its index is always the private one.
+    """
+    if not beside:
+        return private_index_path(ann_file, index_dir)
+    shared = shared_index_path(ann_file)
+    fmt = fmt or annotation_format(ann_file)
+    problem = index_problem(shared, ann_file, fmt) if osp.isfile(
+        ann_file) else 'missing'
+    if problem is None:
+        return shared
+    if index_dir is None and folder_writable(osp.dirname(shared)):
+        return shared
+    private = private_index_path(ann_file, index_dir)
+    if problem != 'missing':
+        print_log(
+            f'Not using {shared}: {problem}; the index of this run is '
+            f'{private}.',
+            logger='current',
+            level=logging.WARNING)
+    return private
 
 
 def file_fingerprint(path: str) -> Dict:
@@ -115,6 +164,8 @@ class LineIndex:
             self.header = _read_header(file, path)
         self.ann_file = self.header['ann_file']
         self.num_samples = self.header['num_samples']
+        self._data_start = self.header.get('data_start', 0)
+        self._size = self.header['fingerprint']['size']
         self._fds: Optional[Tuple[int, int, int]] = None
 
     def __getstate__(self) -> dict:
@@ -148,10 +199,74 @@ class LineIndex:
                 int.from_bytes(raw[8:], 'little'))
 
     def read(self, sample: int) -> bytes:
-        """The raw bytes of sample ``sample``."""
+        """The raw bytes of sample ``sample``.
+
+        Raises:
+            StaleIndexError: If the bytes no longer start and end a line.
+        """
         start, end = self.span(sample)
         _, ann_fd = self._open()
-        return os.pread(ann_fd, end - start, start)
+        # One pread also fetches the byte before the line, which must be a
+        # newline (except at the start of the data).
+        before = int(start > self._data_start)
+        raw = os.pread(ann_fd, end - start + before, start - before)
+        if (len(raw) != end - start + before or (before and raw[0] != 10)
+                or (raw[-1] != 10 and end != self._size)):
+            self.raise_moved(sample)
+        return raw[1:] if before else raw
+
+    def check_spans(self, buf: np.ndarray, buf_start: int,
+                    starts: np.ndarray, ends: np.ndarray,
+                    samples: np.ndarray) -> None:
+        """:meth:`read`'s check for many samples read in one buffer.
+
+        Args:
+            buf (np.ndarray): uint8 bytes of the annotation file from
+                ``buf_start`` on, including the byte before each span that
+                does not start the data.
+            buf_start (int): File offset of ``buf[0]``.
+            starts (np.ndarray): int64 spans of ``samples``, inside ``buf``.
+            ends (np.ndarray): int64 ends of those spans.
+            samples (np.ndarray): The samples, for the error message.
+        """
+        follows = starts <= self._data_start
+        inner = ~follows
+        follows[inner] = buf[starts[inner] - 1 - buf_start] == 10
+        ends_line = (ends == self._size) | (buf[ends - 1 - buf_start] == 10)
+        bad = np.flatnonzero(~(follows & ends_line))
+        if bad.size:
+            self.raise_moved(int(samples[bad[0]]))
+
+    def raise_moved(self, sample: int) -> None:
+        """Raise the error for a sample whose bytes are not a whole line."""
+        start, end = self.span(sample)
+        raise StaleIndexError(
+            f'{self.where(sample)}: the annotation file changed after its '
+            f'index {self.path} was built: bytes [{start}, {end}) of sample '
+            f'{sample} no longer hold one whole line (an in-place edit with '
+            'the size and mtime kept?). Rebuild the index '
+            '(tools/build_annotation_index.py --force) or delete it.')
+
+    @property
+    def data_start(self) -> int:
+        """Where the first line starts (after a byte-order mark)."""
+        return self._data_start
+
+    def where(self, sample: int, name: Optional[str] = None) -> str:
+        """``file:line`` of sample ``sample`` for error messages (``file:
+        record i at byte b`` far into the file, see :meth:`line_number`).
+
+        Args:
+            sample (int): The sample.
+            name (str, optional): How to call the file (the dataset's
+                ``ann_file``, e.g. a URL whose node copy this indexes).
+        """
+        name = name or self.ann_file
+        line_number = self.line_number(sample)
+        if line_number is None:
+            start, _ = self.span(sample)
+            return f'{name}: record {sample} at byte {start}'
+        return f'{name}:{line_number}'
 
     def spans(self, samples: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
         """Vectorised :meth:`span` for an int array of samples."""
@@ -194,6 +309,13 @@ class LineIndex:
         return newlines + 1
 
 
+def data_start(path: str) -> int:
+    """Where the first line of a file starts: after a UTF-8 byte-order mark
+    if there is one."""
+    with open(path, 'rb') as file:
+        return len(UTF8_BOM) if file.read(len(UTF8_BOM)) == UTF8_BOM else 0
+
+
 def _read_header(file, path: str) -> Dict:
     raw = file.read(_HEADER_SIZE)
     if len(raw) < _HEADER_SIZE or not raw.startswith(_MAGIC):
@@ -223,6 +345,9 @@ def index_problem(index_path: str, ann_file: str, fmt: str) -> Optional[str]:
                 f'{osp.realpath(ann_file)}')
     if header['format'] != fmt:
         return f'it was built for format {header["format"]!r}, not {fmt!r}'
+    if header.get('data_start', 0) != data_start(ann_file):
+        return ('it was built before byte-order marks were skipped, and the '
+                'file starts with one')
     changes = _changes(header['fingerprint'], file_fingerprint(ann_file))
     return f'the annotation file changed ({changes})' if changes else None
 
@@ -303,7 +428,8 @@ def build_line_index(ann_file: str,
     try:
         with open(ann_file, 'rb') as src, open(tmp_path, 'wb') as out:
             out.write(b'\0' * _HEADER_SIZE)
-            counts = _scan_into(src, out, ann_file, fmt, bar)
+            counts = _scan_into(src, out, ann_file, fmt, bar,
+                                data_start(ann_file))
             if counts['num_samples'] == 0:
                 raise AnnotationFormatError(
                     f'{ann_file}: the annotation file has no sample lines')
@@ -336,11 +462,14 @@ def build_line_index(ann_file: str,
     return dict(header, seconds=seconds)
 
 
-def _scan_into(src, out, ann_file: str, fmt: str, bar) -> Dict:
-    """Write the sample offsets of ``src`` to ``out``; return the counts."""
+def _scan_into(src, out, ann_file: str, fmt: str, bar,
+               first: int) -> Dict:
+    """Write the sample offsets of ``src`` from byte ``first`` on to
+    ``out``; return the counts."""
     buffer = bytearray(_CHUNK_SIZE)
     filled = 0  # bytes of buffer holding data; a partial line stays in front
-    file_pos = 0  # file offset of buffer[0]
+    file_pos = first  # file offset of buffer[0]
+    src.seek(first)
     num_lines = num_samples = 0
     header_span = None
     while True:
@@ -370,7 +499,10 @@ def _scan_into(src, out, ann_file: str, fmt: str, bar) -> Dict:
         file_pos += usable
         bar.update(file_pos)
     return dict(
-        num_samples=num_samples, num_lines=num_lines, header_span=header_span)
+        num_samples=num_samples,
+        num_lines=num_lines,
+        header_span=header_span,
+        data_start=first)
 
 
 def _metainfo_line(chunk: np.ndarray, start: int,

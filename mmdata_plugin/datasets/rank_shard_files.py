@@ -18,7 +18,7 @@ import os
 import os.path as osp
 import socket
 import time
-from typing import Callable, Dict, List, Tuple
+from typing import Dict, List, Tuple
 
 import numpy as np
 from mmengine.logging import print_log
@@ -39,14 +39,14 @@ class ShardFileWriter:
 
     Args:
         shard_dir (str): A node-local directory.
-        ann_file (str): The annotation file the lines come from.
-        spans (Callable): ``line_ids -> (starts, ends)`` byte ranges.
+        index (LineIndex): The index of the annotation file the lines come
+            from; it also checks that each copied span is still a line.
     """
 
-    def __init__(self, shard_dir: str, ann_file: str, spans: Callable):
+    def __init__(self, shard_dir: str, index):
         self.shard_dir = shard_dir
-        self.ann_file = ann_file
-        self.spans = spans
+        self.index = index
+        self.ann_file = index.ann_file
         self._written: List[str] = []
         self._serial = 0
         self._swept = False
@@ -75,7 +75,7 @@ class ShardFileWriter:
             lines, inverse = line_ids, slice(None)
         else:
             lines, inverse = np.unique(line_ids, return_inverse=True)
-        starts, ends = self.spans(lines)
+        starts, ends = self.index.spans(lines)
         data_at = np.zeros(lines.size + 1, np.int64)
         np.cumsum(ends - starts, out=data_at[1:])
         path = self._name()
@@ -86,7 +86,7 @@ class ShardFileWriter:
             out.write(keys.astype('<i8').tobytes())
             for bounds in (data_at[:-1], data_at[1:]):
                 out.write(bounds[inverse].astype('<i8', copy=False).tobytes())
-            _copy_spans(src.fileno(), out, starts, ends)
+            _copy_spans(src.fileno(), out, starts, ends, lines, self.index)
         os.replace(tmp_path, path)
         print_log(
             f'Shard file {path}: {keys.size} samples, '
@@ -103,8 +103,10 @@ class ShardFileWriter:
             _remove(self._written.pop())
 
 
-def _copy_spans(fd: int, out, starts: np.ndarray, ends: np.ndarray) -> None:
-    """Append the byte ranges (sorted, disjoint) of ``fd`` to ``out``."""
+def _copy_spans(fd: int, out, starts: np.ndarray, ends: np.ndarray,
+                lines: np.ndarray, index) -> None:
+    """Append the byte ranges (sorted, disjoint) of ``fd`` to ``out``,
+    after ``index`` checked that each is still a whole line."""
     if starts.size == 0:
         return
     window_of = (starts - starts[0]) // _WINDOW
@@ -112,9 +114,15 @@ def _copy_spans(fd: int, out, starts: np.ndarray, ends: np.ndarray) -> None:
     for first, last in zip(
             np.concatenate([[0], bounds]).tolist(),
             np.concatenate([bounds, [starts.size]]).tolist()):
-        base = int(starts[first])
-        buf = np.frombuffer(
-            os.pread(fd, int(ends[last - 1]) - base, base), np.uint8)
+        # From the byte before the first span: the check needs it.
+        base = max(int(starts[first]) - 1, index.data_start)
+        size = int(ends[last - 1]) - base
+        raw = os.pread(fd, size, base)
+        if len(raw) != size:
+            index.raise_moved(int(lines[last - 1]))
+        buf = np.frombuffer(raw, np.uint8)
+        index.check_spans(buf, base, starts[first:last], ends[first:last],
+                          lines[first:last])
         # +1 where a span starts, -1 where one ends (each offset occurs once
         # per array, so plain fancy assignment is enough): the running sum
         # is 1 inside the spans.

@@ -13,7 +13,9 @@ from mmengine.registry import DATASETS
 
 from ..remote.node_fetch import (DEFAULT_FILES_LIMIT, fetch_to_node,
                                  is_remote)
-from .annotation_lines import AnnotationFormatError
+from ..transforms.decode_target import warn_if_decode_too_small
+from .annotation_lines import (AnnotationFormatError, check_label,
+                               decode_text, split_path_label)
 from .line_index import (annotation_format, default_index_path,
                          ensure_line_index)
 from .rank_shard_files import ShardFileCache, ShardFileWriter
@@ -113,6 +115,7 @@ class RankShardedDataset(BaseDataset):
                 f'annotation file offline (got filter_cfg={filter_cfg}).')
         if not ann_file:
             raise ValueError('RankShardedDataset needs an ann_file')
+        warn_if_decode_too_small(kwargs.get('pipeline') or [])
         self.ann_format = ann_format
         self.index_file = index_file
         self.index_dir = index_dir
@@ -144,7 +147,7 @@ class RankShardedDataset(BaseDataset):
             # The copy sits in the store's entries: the index goes elsewhere.
             beside = False
         index_path = self.index_file or default_index_path(
-            local_file, self.index_dir, beside=beside)
+            local_file, self.index_dir, self._format, beside=beside)
         self._index = ensure_line_index(local_file, index_path,
                                         self._format, self.on_stale_index,
                                         self.index_progress)
@@ -153,6 +156,8 @@ class RankShardedDataset(BaseDataset):
         if header is not None:
             for key, value in json.loads(header)['metainfo'].items():
                 self._metainfo.setdefault(key, value)
+        classes = self._metainfo.get('classes')
+        self._num_classes = len(classes) if classes else None
         if self._indices is not None:
             self._line_ids = self._select(self._indices)
         self._fully_initialized = True
@@ -197,11 +202,22 @@ class RankShardedDataset(BaseDataset):
         if raw is None:
             raw = self._index.read(line)
         # The index build validated every line (UTF-8, format) with the
-        # rules of annotation_lines, and LineIndex refuses a changed file.
-        # rstrip only: like annotation_lines, leading spaces belong to the
-        # path (json.loads ignores surrounding whitespace itself).
-        text = raw.decode('utf-8').rstrip()
-        data_info = self._parse(text, line)
+        # rules of annotation_lines, and LineIndex refuses a changed file
+        # and bytes that no longer start and end a line; an in-place edit
+        # inside them is still reported here. The location (a count of the
+        # newlines before the sample) is found only for an error.
+        try:
+            # rstrip only: like annotation_lines, leading spaces belong to
+            # the path (json.loads ignores surrounding whitespace itself).
+            text = decode_text(raw, None).rstrip()
+            if '\n' in text:  # a newline written into the line
+                self._index.raise_moved(line)
+            data_info = self._parse(text)
+            if 'gt_label' in data_info:
+                check_label(data_info['gt_label'], self._num_classes, None)
+        except AnnotationFormatError as error:
+            raise AnnotationFormatError(
+                f'{self._index.where(line, self.ann_file)}: {error}') from None
         data_info['sample_idx'] = idx
         return data_info
 
@@ -214,37 +230,31 @@ class RankShardedDataset(BaseDataset):
             # the annotation file instead.
             return None
 
-    def _parse(self, text: str, line: int) -> dict:
+    def _parse(self, text: str) -> dict:
         if self._format == 'lines':
-            path, label = text.rsplit(maxsplit=1)
+            path, label = split_path_label(text, None)
             return dict(
                 img_path=osp.join(self.data_prefix.get('img_path', ''), path),
-                gt_label=int(label))
+                gt_label=label)
         try:
             data_info = json.loads(text)
         except ValueError as error:
             raise AnnotationFormatError(
-                f'{self._where(line)}: invalid JSON record ({error}): '
+                f'invalid JSON record ({error}): '
                 f'{text[:80]!r}') from None
         if not isinstance(data_info, dict):
             raise AnnotationFormatError(
-                f'{self._where(line)}: expected a JSON object (a data-info '
+                f'expected a JSON object (a data-info '
                 f'dict), got {type(data_info).__name__}')
         for key, prefix in self.data_prefix.items():
             if key not in data_info:
                 raise AnnotationFormatError(
-                    f'{self._where(line)}: the record has no {key!r}, which '
+                    f'the record has no {key!r}, which '
                     f'data_prefix names (set data_prefix to the path keys '
                     f'of your records)')
             data_info[key] = join_path(prefix, data_info[key])
         return data_info
 
-    def _where(self, line: int) -> str:
-        line_number = self._index.line_number(line)
-        if line_number is None:
-            start, _ = self._index.span(line)
-            return f'{self.ann_file}: record {line} at byte {start}'
-        return f'{self.ann_file}:{line_number}'
 
     def get_cat_ids(self, idx: int) -> List[int]:
         """The category ids of sample ``idx`` (``ClassBalancedDataset``).
@@ -341,8 +351,7 @@ class RankShardedDataset(BaseDataset):
         """
         if self._shard_writer is None:
             self._shard_writer = ShardFileWriter(
-                self.shard_dir or tempfile.gettempdir(), self._index.ann_file,
-                self._index.spans)
+                self.shard_dir or tempfile.gettempdir(), self._index)
         keys = np.sort(indices)
         keys = keys[np.concatenate([[True], keys[1:] != keys[:-1]])]
         return self._shard_writer.write(keys, self._line_ids_of(keys))

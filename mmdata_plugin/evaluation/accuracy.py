@@ -10,8 +10,12 @@ class SingleLabelAccuracy(BaseMetric):
     """Percentage of samples whose ``pred_label`` equals ``gt_label``.
 
     Args:
-        collect_device (str): Where results are gathered across ranks.
+        collect_device (str): Where results are gathered across ranks,
+            ``'cpu'`` or ``'gpu'``. Defaults to ``'cpu'``.
         prefix (str, optional): Metric name prefix; defaults to ``'cls'``.
+        collect_dir (str, optional): Folder for gathering results through
+            the file system (``collect_device='cpu'`` only), as in
+            mmengine's ``BaseMetric``. Defaults to a temporary folder.
     """
 
     default_prefix = 'cls'

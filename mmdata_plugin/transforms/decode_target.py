@@ -10,7 +10,10 @@ refused here.
 """
 import math
 import re
-from typing import Sequence, Tuple, Union
+import warnings
+from typing import Optional, Sequence, Tuple, Union
+
+import mmcv
 
 # Type names (scope prefixes stripped) of the image loaders this module
 # can turn into LoadImageFromFileReduced.
@@ -23,6 +26,12 @@ _ANNOTATION_ONLY = re.compile(r'Load\w*Annotations|FilterAnnotations')
 UNBOUNDED_SIDE = 1 << 20
 
 Scale = Tuple[int, int]
+# Image sizes (w, h) from 4:1 to 1:4 on which a loader's decode size is
+# compared with a resize's output: both are monotonic in each side, so the
+# extreme and middle aspect ratios find any shortfall of a (scale,
+# keep_ratio) pair.
+_PROBE_SIZES = ((4096, 1024), (4096, 2304), (4096, 3072), (4096, 4096),
+                (3072, 4096), (2304, 4096), (1024, 4096))
 
 
 def transform_type(cfg: Union[dict, object]) -> str:
@@ -174,3 +183,74 @@ RESIZE_RULES = {
     'ResizeEdge': _from_resize_edge,
     'FixShapeResize': _from_fix_shape_resize,
 }
+
+
+def resize_output_size(scale: Scale, keep_ratio: bool, width: int,
+                       height: int) -> Scale:
+    """``(w, h)`` that mmcv's ``Resize(scale, keep_ratio)`` makes of an
+    image of ``width`` x ``height``."""
+    if keep_ratio:
+        return mmcv.rescale_size((width, height), tuple(scale))
+    return tuple(scale)
+
+
+def warn_if_decode_too_small(pipeline: Sequence) -> None:
+    """Warn where a ``LoadImageFromFileReduced`` decodes smaller than the
+    resize after it outputs: the resize would upsample the reduced image.
+
+    The ``scale`` a user gives the loader is kept (it may be meant, e.g.
+    for a crop that follows), so this warns, naming both transforms and
+    the scale to use, rather than changing it. Pipelines this module cannot
+    read (built transforms, other transforms after the loader) are skipped.
+
+    Args:
+        pipeline (Sequence): Transform configs (dicts) or built transforms.
+    """
+    names = [transform_type(cfg) for cfg in pipeline]
+    for index, name in enumerate(names):
+        loader = pipeline[index]
+        if name != 'LoadImageFromFileReduced' or not isinstance(
+                loader, dict) or 'scale' not in loader:
+            continue
+        resize = _resize_after(pipeline, names, index)
+        if resize is None:
+            continue
+        try:
+            needed = decode_target(pipeline[resize])
+        except (KeyError, TypeError, ValueError):
+            continue  # not an absolute resize: nothing to compare with
+        decoded = dict(
+            scale=_as_wh(loader['scale'], 'LoadImageFromFileReduced.scale'),
+            keep_ratio=bool(loader.get('keep_ratio', False)))
+        for width, height in _PROBE_SIZES:
+            got = resize_output_size(**decoded, width=width, height=height)
+            need = resize_output_size(**needed, width=width, height=height)
+            if got[0] < need[0] or got[1] < need[1]:
+                warnings.warn(
+                    f'transform #{index} LoadImageFromFileReduced('
+                    f'scale={decoded["scale"]}, keep_ratio='
+                    f'{decoded["keep_ratio"]}) decodes smaller than '
+                    f'transform #{resize} {names[resize]} outputs (a '
+                    f'{width}x{height} image: decoded to at least {got}, '
+                    f'resized to up to {need}), so the resize upsamples a '
+                    'reduced image and loses detail. Give the loader '
+                    f'scale={needed["scale"]}, keep_ratio='
+                    f'{needed["keep_ratio"]}, or wrap the pipeline in '
+                    'ReducedDecodePipeline without a loader scale: it sizes '
+                    'the decode from the resize.',
+                    stacklevel=2)
+                break
+
+
+def _resize_after(pipeline: Sequence, names: Sequence[str],
+                  loader: int) -> Optional[int]:
+    """Index of the resize right after the loader (annotation loaders may
+    come between), if it is a config this module reads."""
+    for index in range(loader + 1, len(names)):
+        if _ANNOTATION_ONLY.fullmatch(names[index]):
+            continue
+        if names[index] in RESIZE_RULES and isinstance(
+                pipeline[index], dict):
+            return index
+        return None
+    return None

@@ -2,13 +2,13 @@
 import warnings
 from typing import Optional, Tuple, Union
 
-import mmcv
 import mmengine.fileio as fileio
 import numpy as np
 from mmcv.transforms import BaseTransform
 from mmengine.registry import TRANSFORMS
 
 from . import image_decoding
+from .decode_target import resize_output_size
 
 # Sample keys that hold, or lead to, annotations in original-image pixel
 # coordinates (mmcv/mmdet/mmseg/mmpose data infos and loaded annotations).
@@ -30,7 +30,10 @@ class LoadImageFromFileReduced(BaseTransform):
     follows (mmcv's ``Resize``: copy them; ``RandomResize``: its largest
     scale times the top of ``ratio_range``). ``ReducedDecodePipeline`` does
     that for you and also keeps box, mask, keypoint and segmentation
-    annotations and ``scale_factor`` right.
+    annotations and ``scale_factor`` right. A ``scale`` smaller than what
+    the resize outputs makes that resize upsample: ``RankShardedDataset``,
+    ``ImageListDataset`` and ``ReducedDecodePipeline`` warn about it, naming
+    both transforms and the scale to use (it is kept, not changed).
 
     By default (``exact_shapes=True``) a JPEG is only reduced by a scale
     that divides both its sides (1/8 for 4K, 1080p and 720p frames), so
@@ -119,9 +122,7 @@ class LoadImageFromFileReduced(BaseTransform):
 
     def min_decoded_size(self, width: int, height: int) -> Tuple[int, int]:
         """The ``(w, h)`` the following resize makes of a full image."""
-        if self.keep_ratio:
-            return mmcv.rescale_size((width, height), self.scale)
-        return self.scale
+        return resize_output_size(self.scale, self.keep_ratio, width, height)
 
     def transform(self, results: dict) -> Optional[dict]:
         filename = results['img_path']

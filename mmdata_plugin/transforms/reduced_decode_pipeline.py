@@ -8,7 +8,8 @@ from mmcv.transforms import Compose
 from mmcv.transforms import Resize as MMCVResize
 from mmengine.registry import TRANSFORMS
 
-from .decode_target import decode_target, locate_loader_and_resize
+from .decode_target import (decode_target, locate_loader_and_resize,
+                            warn_if_decode_too_small)
 
 
 @TRANSFORMS.register_module()
@@ -42,7 +43,8 @@ class ReducedDecodePipeline(Compose):
 
     Every other transform runs as it would in the wrapped pipeline. A
     ``LoadImageFromFileReduced`` given with its own ``scale`` or
-    ``exact_shapes`` keeps them.
+    ``exact_shapes`` keeps them (a warning names a ``scale`` smaller than
+    the resize's output: the resize would upsample).
 
     Args:
         transforms (list[dict]): The pipeline, as configs (the loader and
@@ -68,6 +70,7 @@ class ReducedDecodePipeline(Compose):
         loader_cfg.setdefault('exact_shapes', exact_shapes)
         loader_cfg['allow_annotations'] = True
         transforms[loader] = loader_cfg
+        warn_if_decode_too_small(transforms)
         super().__init__(transforms)
         resize = self.transforms[self.resize_index]
         self.pinned_resize = _pin_output_shape(resize)

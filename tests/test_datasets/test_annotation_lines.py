@@ -25,12 +25,37 @@ def test_malformed_line_names_file_and_line(line):
         parse_path_label(line, 'ann.txt', 7)
 
 
+@pytest.mark.parametrize('line', ['scan 0042 3', 'a.jpg 1 2', 'a b\t7 0'])
+def test_path_ending_in_a_separate_number_is_ambiguous(line):
+    # Is the label the last number, the one before it, or missing (a file
+    # named "scan 0042")? No rule can tell: refuse, naming file and line.
+    with pytest.raises(AnnotationFormatError, match=r'ann\.txt:7: ambiguous'):
+        parse_path_label(line, 'ann.txt', 7)
+
+
+@pytest.mark.parametrize('line, expected', [
+    ('scan_0042 3', ('scan_0042', 3)),
+    ('0042 3', ('0042', 3)),
+    ('scan 0042.png 3', ('scan 0042.png', 3)),
+    ('scan ０４ 3', ('scan ０４', 3)),
+])
+def test_numbers_inside_a_path_word_are_not_ambiguous(line, expected):
+    assert parse_path_label(line, 'ann.txt', 1) == expected
+
+
 def test_iter_skips_blank_lines_and_keeps_unterminated_last(tmp_path):
     ann = tmp_path / 'ann.txt'
     ann.write_bytes(b'a.jpg 1\n\n  \nb c.jpg 22\r\nlast.jpg 3')
     assert list(iter_path_labels(str(ann))) == [(1, 'a.jpg', 1),
                                                  (4, 'b c.jpg', 22),
                                                  (5, 'last.jpg', 3)]
+
+
+def test_utf8_byte_order_mark_is_not_part_of_the_first_path(tmp_path):
+    ann = tmp_path / 'ann.txt'
+    ann.write_bytes(b'\xef\xbb\xbfa.jpg 1\nb.jpg 2\n')
+    assert list(iter_path_labels(str(ann))) == [(1, 'a.jpg', 1),
+                                                 (2, 'b.jpg', 2)]
 
 
 def test_undecodable_bytes_name_the_line(tmp_path):
@@ -60,11 +85,13 @@ _TRICKY_LINES = [
     b'x.jpg\x1f4', b'\xc3\xa9t\xc3\xa9.jpg 2', b'x.jpg 3\xc2\xa0',
     b'{"a": 1}', b' {"img_path": "x y.jpg"} ', b'{}\r',
     b'{"img_path": "a b.jpg", "gt_label": 3}', b'{"x": "\xc3\xa9"}',
-    b'{"a": "}"}\t', b'\xc2\xa0{"a": 1}'
+    b'{"a": "}"}\t', b'\xc2\xa0{"a": 1}', b'a.jpg 1 2', b'scan 0042 3',
+    b'x\xc2\xa012 3', b'x_12 3', b'12 34', b' 12 3', b'x\t12\t3', b'x \xef\xbc\x93 3'
 ]
 _BAD_LINES = {
     'lines': [b'no_label.jpg', b'x.jpg -1', b'x.jpg 1.5', b' 3', b'x.jpg +3',
-              b'x.jpg \xef\xbc\x93', b'{"a": 1}'],
+              b'x.jpg \xef\xbc\x93', b'{"a": 1}', b'a.jpg 1 2',
+              b'scan 0042 3', b'x\xc2\xa012 3'],
     'jsonl': [b'a.jpg 1', b'{"a": 1', b'[1, 2]'],
 }
 

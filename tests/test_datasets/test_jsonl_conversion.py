@@ -27,7 +27,7 @@ def _read_jsonl(path):
 def test_round_trip_in_small_blocks(tmp_path, monkeypatch, metainfo_first):
     # 256-character blocks: records and numbers are cut at block ends.
     monkeypatch.setattr(jsonl_conversion, '_BLOCK', 256)
-    metainfo = dict(classes=['a', 'b'], dataset_type='x')
+    metainfo = dict(classes=['a', 'b', 'c', 'd', 'e'], dataset_type='x')
     parts = [('metainfo', metainfo), ('data_list', RECORDS), ('version', 1)]
     if not metainfo_first:
         parts.reverse()

@@ -1,3 +1,4 @@
+import json
 import multiprocessing
 import os
 import os.path as osp
@@ -5,7 +6,8 @@ import os.path as osp
 import pytest
 
 from mmdata_plugin.datasets import (AnnotationFormatError, LineIndex,
-                                    StaleIndexError, ensure_line_index)
+                                    RankShardedDataset, StaleIndexError,
+                                    build_line_index, ensure_line_index)
 from mmdata_plugin.datasets import line_index as line_index_module
 from mmdata_plugin.datasets.line_index import (ByteProgressBar,
                                                default_index_path,
@@ -160,6 +162,65 @@ def test_index_dir_for_read_only_folders(tmp_path, monkeypatch):
     assert osp.dirname(default_index_path(ann)) == str(tmp_path / 'env')
 
 
+def _refuse_builds(*args, **kwargs):
+    raise AssertionError('built a private index although a valid shared one '
+                         'exists')
+
+
+def test_valid_index_in_a_read_only_folder_is_used(tmp_path, monkeypatch):
+    # The way an admin prepares a shared dataset: index it once, then make
+    # the folder read-only for everyone.
+    shared = tmp_path / 'shared'
+    shared.mkdir()
+    ann = _write(shared / 'ann.txt', LINES)
+    build_line_index(ann, ann + '.idx', 'lines', progress=False)
+    private = tmp_path / 'private'
+    monkeypatch.setenv('MMDATA_INDEX_DIR', str(private))
+    os.chmod(shared, 0o555)
+    try:
+        if line_index_module.folder_writable(str(shared)):
+            # Running as root, where chmod does not stop writes: make the
+            # writability probe see what an ordinary user sees. What is
+            # asserted below (which index is opened, nothing is built or
+            # written) does not depend on the permissions themselves.
+            monkeypatch.setattr(line_index_module, 'folder_writable',
+                                lambda folder: folder != str(shared))
+        monkeypatch.setattr(line_index_module, 'build_line_index',
+                            _refuse_builds)
+        for index_dir in (None, str(private)):
+            dataset = RankShardedDataset(
+                ann_file=ann, index_dir=index_dir, index_progress=False)
+            assert dataset._index.path == ann + '.idx'
+            assert dataset.get_data_info(1)['gt_label'] == 22
+        assert not private.exists()
+    finally:
+        os.chmod(shared, 0o755)
+
+
+def test_stale_index_in_a_read_only_folder_is_rebuilt_privately(
+        tmp_path, monkeypatch):
+    shared = tmp_path / 'shared'
+    shared.mkdir()
+    ann = _write(shared / 'ann.txt', LINES)
+    build_line_index(ann, ann + '.idx', 'lines', progress=False)
+    with open(ann, 'ab') as f:
+        f.write(b'\nmore.jpg 5\n')  # the shared index is stale now
+    shared_index = (shared / 'ann.txt.idx').read_bytes()
+    monkeypatch.setattr(line_index_module, 'folder_writable',
+                        lambda folder: folder != str(shared))
+    logged = []
+    monkeypatch.setattr(line_index_module, 'print_log',
+                        lambda msg, **kwargs: logged.append(msg))
+    dataset = RankShardedDataset(
+        ann_file=ann, index_dir=str(tmp_path / 'private'),
+        index_progress=False)
+    assert osp.dirname(dataset._index.path) == str(tmp_path / 'private')
+    assert len(dataset) == 5
+    assert (shared / 'ann.txt.idx').read_bytes() == shared_index
+    assert any(msg.startswith(f'Not using {ann}.idx: the annotation file '
+                              'changed') for msg in logged)
+
+
 def test_progress_bar_reports_rate_and_eta(capsys, monkeypatch):
     bar = ByteProgressBar(100, 'indexing x', True)
     bar.start -= 20  # as if 20 s had passed: a log line is due
@@ -177,3 +238,14 @@ def test_line_number_is_not_counted_far_into_the_file(tmp_path, monkeypatch):
     index = ensure_line_index(ann, ann + '.idx', 'lines')
     assert index.line_number(0) == 1
     assert index.line_number(3) is None
+
+
+def test_index_built_before_byte_order_marks_were_skipped_is_stale(tmp_path):
+    ann = _write(tmp_path / 'ann.txt', b'\xef\xbb\xbfa.jpg 1\n')
+    index = ensure_line_index(ann, ann + '.idx', 'lines')
+    assert index.read(0) == b'a.jpg 1\n'
+    header = dict(index.header)
+    del header['data_start']  # as written before: the mark was in line 1
+    with open(ann + '.idx', 'r+b') as f:
+        f.write(b'MMDLIDX1' + json.dumps(header).encode().ljust(4088, b'\0'))
+    assert 'byte-order mark' in index_problem(ann + '.idx', ann, 'lines')

@@ -10,7 +10,8 @@ from mmengine.dataset import Compose
 from torch.utils.data import DataLoader
 
 from mmdata_plugin.datasets import (AnnotationFormatError, ImageListDataset,
-                                    RankShardedDataset, RankShardedSampler)
+                                    RankShardedDataset, RankShardedSampler,
+                                    StaleIndexError)
 from mmdata_plugin.datasets import rank_shard_files
 from mmdata_plugin.datasets import rank_sharded_dataset as dataset_module
 from mmdata_plugin.testing import process_memory
@@ -304,3 +305,99 @@ def test_removed_shard_file_falls_back_to_the_annotation_file(tmp_path):
     tagged = list(RankShardedSampler(ours, seed=0))
     os.remove(tagged[0].shard)
     assert ours.get_data_info(tagged[0]) == ours.get_data_info(int(tagged[0]))
+
+
+# ------------------------------------------- annotation files edited in place
+def _edit_in_place(path, old, new):
+    """Replace bytes, keeping size and mtime (touch -d, rsync, a restore):
+    the index's fingerprint misses it beyond the first/last 64 KiB."""
+    assert len(old) == len(new)
+    stat = os.stat(path)
+    data = path.read_bytes()
+    assert data.count(old) == 1
+    path.write_bytes(data.replace(old, new))
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+
+
+def _reopen(tmp_path, **kwargs):
+    """The dataset of the annotation file as it is now (a new run)."""
+    return RankShardedDataset(
+        ann_file='ann.txt', data_root=str(tmp_path), **kwargs)
+
+
+# 6000 lines (~140 KiB): line 3021 is 'dir/img_0003020.jpg 20' (3020 % 25),
+# in the middle, out of reach of the fingerprint's edge hashes.
+_MIDDLE = b''.join(b'dir/img_%07d.jpg %d\n' % (i, i % 25) for i in range(6000))
+
+
+@pytest.mark.parametrize('materialize', [False, True])
+def test_edit_that_moves_a_line_boundary_names_file_and_line(
+        tmp_path, materialize):
+    # Label 20 -> 2 on one line, 21 -> 211 on the next: same size, but the
+    # boundary between them moved one byte. Without the span check sample
+    # 3020 raised a bare ValueError and 3021 was served as ('g_...', 211).
+    ours = _dataset(tmp_path, _MIDDLE)
+    _edit_in_place(tmp_path / 'ann.txt',
+                   b'img_0003020.jpg 20\ndir/img_0003021.jpg 21\n',
+                   b'img_0003020.jpg 2\ndir/img_0003021.jpg 211\n')
+    reopened = _reopen(tmp_path, materialize_shards=materialize,
+                       shard_dir=str(tmp_path))
+    assert reopened._index.path == ours._index.path  # not rebuilt: unseen
+    for sample, line in ((3020, 3021), (3021, 3022)):
+        if materialize:
+            read = lambda: reopened.write_shard(np.array([sample]))  # noqa
+        else:
+            read = lambda: reopened.get_data_info(sample)  # noqa
+        with pytest.raises(StaleIndexError,
+                           match=rf'ann\.txt:{line}: the annotation file '
+                           'changed after its index'):
+            read()
+    assert reopened.get_data_info(3022)['gt_label'] == 3022 % 25
+
+
+@pytest.mark.parametrize('old, new, error, match', [
+    (b'img_0003020.jpg 20\n', b'img_0003020.jpg x0\n', AnnotationFormatError,
+     r'ann\.txt:3021: expected "relative/path label"'),
+    (b'img_0003020.jpg 20\n', b'img_0003020.jpg 2\xff\n',
+     AnnotationFormatError, r'ann\.txt:3021: line is not valid UTF-8'),
+    (b'img_0003020.jpg 20\n', b'img_0003020.j\npg 0\n', StaleIndexError,
+     r'ann\.txt:3021: the annotation file changed'),
+])
+def test_edit_inside_a_line_names_file_and_line(tmp_path, old, new, error,
+                                                match):
+    _dataset(tmp_path, _MIDDLE)
+    _edit_in_place(tmp_path / 'ann.txt', old, new)
+    with pytest.raises(error, match=match):
+        _reopen(tmp_path).get_data_info(3020)
+
+
+def test_utf8_byte_order_mark_is_stripped_in_both_formats(tmp_path):
+    bom = b'\xef\xbb\xbf'
+    ours = _dataset(tmp_path, bom + b'a.jpg 1\nb.jpg 2\n')
+    stock = ImageListDataset(ann_file='ann.txt', data_root=str(tmp_path))
+    assert ours.get_data_info(0) == stock.get_data_info(0)
+    assert ours.get_data_info(0)['img_path'] == str(tmp_path / 'a.jpg')
+    jsonl = _dataset(tmp_path, bom + b'{"metainfo": {"classes": ["x"]}}\n'
+                     b'{"img_path": "a.jpg"}\n', name='ann.jsonl')
+    assert jsonl.metainfo == dict(classes=['x'])
+    assert jsonl.get_data_info(0)['img_path'] == str(tmp_path / 'a.jpg')
+
+
+def test_label_outside_the_classes_names_file_and_line(tmp_path):
+    data = b'a.jpg 0\nb.jpg 1\n\nc.jpg 2\n'
+    two = dict(metainfo=dict(classes=('a', 'b')))
+    ours = _dataset(tmp_path, data, **two)
+    assert ours.get_data_info(1)['gt_label'] == 1
+    match = (r'ann\.txt:4: label 2 is outside the dataset\'s 2 classes')
+    with pytest.raises(AnnotationFormatError, match=match):
+        ours.get_data_info(2)
+    with pytest.raises(AnnotationFormatError, match=match):
+        ImageListDataset(ann_file='ann.txt', data_root=str(tmp_path), **two)
+    jsonl = _dataset(
+        tmp_path, b'{"metainfo": {"classes": ["x", "y"]}}\n'
+        b'{"img_path": "a", "gt_label": [1, 5]}\n', name='ann.jsonl')
+    with pytest.raises(AnnotationFormatError,
+                       match=r'ann\.jsonl:2: label 5 is outside'):
+        jsonl.get_data_info(0)
+    # Without classes there is nothing to check against.
+    assert _dataset(tmp_path, data).get_data_info(2)['gt_label'] == 2

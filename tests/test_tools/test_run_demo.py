@@ -20,6 +20,11 @@ def test_run_demo_kills_and_resumes(tmp_path, demo_root, train_env):
     assert 'resumed epoch: 0, iter: 4' in out
     assert osp.isfile(work_dir / 'iter_8.pth')
     assert f'work dir     : {work_dir}' in out
+    scalars = [line.split(': ', 1)[1] for line in out.splitlines()
+               if line.startswith('  scalars      : ')]
+    assert scalars  # one per run that logged scalars
+    assert all(osp.isfile(path) and path.endswith(
+        osp.join('vis_data', 'scalars.json')) for path in scalars)
     assert 'val top-1' in out
     # the resumed run read the train pipeline's head from the node cache
     assert 'Head cache (CachedPipelineHead, node store ' in out

@@ -55,3 +55,52 @@ def test_annotation_loaders_may_sit_between_loader_and_resize():
 def test_pipelines_it_cannot_speed_up_are_refused(pipeline, message):
     with pytest.raises(ValueError, match=message):
         decode_target_from_pipeline(pipeline)
+
+
+# ---------------------------------- a loader scale smaller than the resize's
+def _reduced(scale, keep_ratio=True):
+    return dict(type='LoadImageFromFileReduced', scale=scale,
+                keep_ratio=keep_ratio)
+
+
+_JITTER = dict(type='RandomResize', scale=(72, 4096), ratio_range=(0.9, 1.2),
+               keep_ratio=True)
+
+
+@pytest.mark.parametrize('loader, resize', [
+    (_reduced((112, 112)), dict(type='Resize', scale=(224, 224),
+                                keep_ratio=True)),
+    # The base scale copied, the top of the ratio range forgotten.
+    (_reduced((72, 4096)), _JITTER),
+    (_reduced((224, 224), keep_ratio=False),
+     dict(type='Resize', scale=(224, 300))),
+])
+def test_decode_smaller_than_the_resize_warns_naming_both(
+        tmp_path, loader, resize):
+    from mmdata_plugin.datasets import ImageListDataset, RankShardedDataset
+    from mmdata_plugin.transforms import ReducedDecodePipeline
+    (tmp_path / 'ann.txt').write_text('a.jpg 0\n')
+    pipeline = [loader, dict(type='LoadAnnotations'), resize]
+    match = (r'#0 LoadImageFromFileReduced\(.*\) decodes smaller than '
+             rf'transform #2 {resize["type"]} outputs .* Give the loader '
+             rf'scale=\({decode_target(resize)["scale"][0]},')
+    for dataset in (RankShardedDataset, ImageListDataset):
+        with pytest.warns(UserWarning, match=match):
+            dataset(ann_file=str(tmp_path / 'ann.txt'), pipeline=pipeline,
+                    lazy_init=True)
+    with pytest.warns(UserWarning, match=match):
+        ReducedDecodePipeline(pipeline)
+
+
+@pytest.mark.parametrize('loader, resize', [
+    (_reduced((87, 4916)), _JITTER),
+    (_reduced((300, 300)), dict(type='Resize', scale=(224, 224),
+                                keep_ratio=True)),
+    # Not an absolute resize after the loader: nothing to compare.
+    (_reduced((72, 72)), dict(type='RandomResizedCrop', scale=224)),
+])
+def test_no_warning_for_a_large_enough_decode(recwarn, loader, resize):
+    from mmdata_plugin.transforms.decode_target import \
+        warn_if_decode_too_small
+    warn_if_decode_too_small([loader, resize])
+    assert not [w for w in recwarn if 'decodes smaller' in str(w.message)]
