@@ -6,7 +6,9 @@ HistoryBuffer rebuilder), with a forged state: the attacks numpy itself
 never writes.
 """
 import copyreg
+import io
 import os
+import zipfile
 from collections import OrderedDict
 
 import numpy as np
@@ -159,4 +161,29 @@ def write_hostile_checkpoint(name, path, **extra):
     """Write payload ``name`` (plus ``extra`` entries) to ``path``."""
     checkpoint = dict(HOSTILE_PAYLOADS[name](), **extra)
     torch.save(checkpoint, path)
+    return path
+
+
+
+def write_nested_tuple_checkpoint(path, depth, as_set_member=False):
+    """``{'w': tensor}`` plus a key (or a set member) of ``depth`` nested
+    tuples: one TUPLE1 opcode per level, so a megabyte nests a million
+    deep. The tensor comes first, so a check must read past its storage.
+    """
+    nested = b')' + b'\x85' * (depth - 1)
+    if as_set_member:
+        # {'x': set([nested])}
+        entry = b'X\x01\x00\x00\x00xcbuiltins\nset\n]' + nested + b'a\x85R'
+    else:
+        entry = nested + b'K\x01'
+    buffer = io.BytesIO()
+    torch.save({'w': torch.ones(1)}, buffer)
+    with zipfile.ZipFile(buffer) as source, zipfile.ZipFile(path, 'w') as out:
+        for member in source.namelist():
+            data = source.read(member)
+            if member.endswith('/data.pkl'):
+                # Before STOP the dict is on top of the stack: add the entry.
+                assert data.endswith(b'.')
+                data = data[:-1] + entry + b's.'
+            out.writestr(member, data)
     return path

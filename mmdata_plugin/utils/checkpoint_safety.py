@@ -36,6 +36,7 @@ from mmengine.logging import HistoryBuffer, print_log
 
 from .numpy_unpickling import (ForgedNumpyData, numpy_allow_list, plain_dtype,
                                plain_numpy_objects)
+from .pickle_nesting import check_tuple_nesting
 
 #: Environment variable listing checkpoints (``os.pathsep`` separated files
 #: or URLs) the user explicitly trusts to be unpickled without restrictions.
@@ -186,6 +187,7 @@ def _opened(source: Union[str, bytes]):
 
 
 def _load_restricted(source, map_location):
+    check_tuple_nesting(source)
     with scoped_allow_list():
         checkpoint = torch.load(
             _opened(source), map_location=map_location, weights_only=True)

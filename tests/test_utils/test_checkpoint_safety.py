@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 from hostile_checkpoints import (HOSTILE_PAYLOADS, RunsShellCommand,
-                                 UsesGetattrGadget, write_hostile_checkpoint)
+                                 UsesGetattrGadget, write_hostile_checkpoint,
+                                 write_nested_tuple_checkpoint)
 from mmengine.logging import HistoryBuffer, MessageHub
 from mmengine.runner.checkpoint import CheckpointLoader, _load_checkpoint
 
@@ -136,6 +137,30 @@ def test_forged_numpy_data_is_refused_without_crashing(payload, tmp_path):
     assert os.WEXITSTATUS(status) == 3, output
     assert f'Refusing to load checkpoint "{path}"' in output
     assert 'numpy data numpy itself never writes' in output
+
+
+@pytest.mark.parametrize('as_set_member', [False, True])
+def test_deeply_nested_tuples_are_refused_without_crashing(
+        as_set_member, tmp_path):
+    # Hashing a million nested tuples overflows CPython's C stack.
+    path = write_nested_tuple_checkpoint(
+        str(tmp_path / 'nested.pth'), 10**6, as_set_member)
+    status, output = _load_in_forked_child(path)
+    assert not os.WIFSIGNALED(status), (
+        f'the load killed the process with signal {os.WTERMSIG(status)}')
+    assert output.startswith('UnreadableCheckpointError'), output
+    assert path in output and 'nests tuples more than 100 deep' in output
+
+
+def test_tuples_nested_within_the_limit_load(tmp_path):
+    path = write_nested_tuple_checkpoint(str(tmp_path / 'nested.pth'), 100)
+    loaded = CheckpointLoader.load_checkpoint(path)
+    assert loaded.pop('w') == torch.ones(1)
+    (key, value), = loaded.items()
+    assert value == 1 and len(key) == 1
+    path = write_nested_tuple_checkpoint(str(tmp_path / 'deeper.pth'), 101)
+    with pytest.raises(UnreadableCheckpointError, match='more than 100 deep'):
+        CheckpointLoader.load_checkpoint(path)
 
 
 def test_plain_numpy_content_round_trips_as_plain_numpy(tmp_path):
