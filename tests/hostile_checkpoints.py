@@ -165,6 +165,21 @@ def write_hostile_checkpoint(name, path, **extra):
 
 
 
+
+def write_edited_pickle_checkpoint(path, edit):
+    """``{'w': tensor}`` saved by torch, its data.pkl replaced by
+    ``edit(data.pkl)``."""
+    buffer = io.BytesIO()
+    torch.save({'w': torch.ones(1)}, buffer)
+    with zipfile.ZipFile(buffer) as source, zipfile.ZipFile(path, 'w') as out:
+        for member in source.namelist():
+            data = source.read(member)
+            if member.endswith('/data.pkl'):
+                data = edit(data)
+            out.writestr(member, data)
+    return path
+
+
 def write_nested_tuple_checkpoint(path, depth, as_set_member=False):
     """``{'w': tensor}`` plus a key (or a set member) of ``depth`` nested
     tuples: one TUPLE1 opcode per level, so a megabyte nests a million
@@ -176,14 +191,6 @@ def write_nested_tuple_checkpoint(path, depth, as_set_member=False):
         entry = b'X\x01\x00\x00\x00xcbuiltins\nset\n]' + nested + b'a\x85R'
     else:
         entry = nested + b'K\x01'
-    buffer = io.BytesIO()
-    torch.save({'w': torch.ones(1)}, buffer)
-    with zipfile.ZipFile(buffer) as source, zipfile.ZipFile(path, 'w') as out:
-        for member in source.namelist():
-            data = source.read(member)
-            if member.endswith('/data.pkl'):
-                # Before STOP the dict is on top of the stack: add the entry.
-                assert data.endswith(b'.')
-                data = data[:-1] + entry + b's.'
-            out.writestr(member, data)
-    return path
+    # Before STOP the dict is on top of the stack: add the entry to it.
+    return write_edited_pickle_checkpoint(
+        path, lambda pickled: pickled[:-1] + entry + b's.')

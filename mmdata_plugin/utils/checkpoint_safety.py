@@ -207,15 +207,14 @@ def _try_restricted_load(source, map_location,
         with scoped_allow_list():
             try:
                 reason = _unsafe_globals_reason(_opened(source))
-            except (RuntimeError, ValueError):
+            except Exception:  # the scan fails where the load did
                 reason = ''
         if not reason:
             raise _unreadable(name, error) from error
         return reason, None
-    except (RuntimeError, EOFError, TypeError, ValueError, KeyError,
-            IndexError, AttributeError) as error:
-        # torch's reader (truncated zip: RuntimeError), or a stand-in or
-        # rebuild function called with arguments no writer produces.
+    except Exception as error:
+        # Whatever a malformed file makes torch's reader (truncated zip,
+        # cut operand: struct.error), a stand-in or a rebuild function raise.
         raise _unreadable(name, error) from error
 
 

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 from hostile_checkpoints import (HOSTILE_PAYLOADS, RunsShellCommand,
-                                 UsesGetattrGadget, write_hostile_checkpoint,
+                                 UsesGetattrGadget, write_edited_pickle_checkpoint,
+                                 write_hostile_checkpoint,
                                  write_nested_tuple_checkpoint)
 from mmengine.logging import HistoryBuffer, MessageHub
 from mmengine.runner.checkpoint import CheckpointLoader, _load_checkpoint
@@ -96,6 +97,21 @@ def test_explicitly_trusted_file_loads(tmp_path):
 def test_missing_file_error(tmp_path):
     with pytest.raises(FileNotFoundError, match='missing.pth'):
         CheckpointLoader.load_checkpoint(str(tmp_path / 'missing.pth'))
+
+
+@pytest.mark.parametrize(
+    'edit',
+    [
+        # A 4-byte int cut after one byte (struct.error in torch's reader).
+        lambda pickled: pickled[:-1] + b'J\x01',
+        # Protocol 4 framing, which torch's reader does not know.
+        lambda pickled: b'\x80\x04\x95' + pickled[2:],
+    ],
+    ids=['cut_int', 'unknown_opcode'])
+def test_malformed_pickle_is_unreadable_naming_the_file(edit, tmp_path):
+    path = write_edited_pickle_checkpoint(str(tmp_path / 'bad.pth'), edit)
+    with pytest.raises(UnreadableCheckpointError, match='bad.pth'):
+        CheckpointLoader.load_checkpoint(path)
 
 
 def test_plain_weights_still_load(tmp_path):
