@@ -234,6 +234,24 @@ def test_scheme_refuses_code_in_checkpoint(name_of, served):
     assert not served[1].exists()
 
 
+def test_trusting_a_url_never_loads_another_urls_download(
+        served, http_url, tmp_path):
+    """Two URLs, one file name: the refused download of one must not be
+    what the other, trusted, URL loads without restrictions."""
+    root, marker = served
+    for folder, checkpoint in (('evil', 'evil.pth'), ('good', 'good.pth')):
+        os.makedirs(root / folder, exist_ok=True)
+        shutil.copy(root / checkpoint, root / folder / 'model.pth')
+    evil, good = (f'{http_url}/{folder}/model.pth'
+                  for folder in ('evil', 'good'))
+    with pytest.raises(UnsafeCheckpointError):
+        CheckpointLoader.load_checkpoint(evil, map_location='cpu')
+    trust_checkpoint(good)
+    checkpoint = CheckpointLoader.load_checkpoint(good, map_location='cpu')
+    assert not marker.exists()
+    assert torch.equal(checkpoint['state_dict']['w'], torch.arange(3.))
+
+
 def test_scheme_trusted_by_name_loads(name_of):
     name = name_of(checkpoint='gadget.pth')
     with pytest.raises(UnsafeCheckpointError, match='builtins.getattr'):
