@@ -100,6 +100,23 @@ class ForgedHistoryBuffer:
                                         '<i8')
 
 
+class HistoryBufferSharingItsList:
+    """Our HistoryBuffer rebuilder handed one (memoised) list: each copy in
+    the file costs a few bytes and makes the loader build two arrays."""
+
+    def __init__(self, values):
+        self.values = values
+
+    def __reduce__(self):
+        return rebuild_history_buffer, (self.values, self.values, 20, '<f8',
+                                        '<i8')
+
+
+def history_buffers_sharing_one_list(copies, length, nested=False):
+    values = [[0] * length] if nested else [0] * length
+    return [HistoryBufferSharingItsList(values) for _ in range(copies)]
+
+
 def forged_object_dtype():
     """Object dtype whose flags claim it holds no references."""
     return ForgedDtype('O8', (3, '|', None, None, None, -1, -1,

@@ -34,6 +34,7 @@ import numpy as np
 import torch
 from mmengine.logging import HistoryBuffer, print_log
 
+from .allocation_budget import allocation_budget, charge
 from .numpy_unpickling import (ForgedNumpyData, numpy_allow_list, plain_dtype,
                                plain_numpy_objects)
 from .pickle_nesting import check_tuple_nesting
@@ -67,11 +68,20 @@ def rebuild_history_buffer(log_history: list, count_history: list,
     if type(max_length) is not int:
         raise ForgedNumpyData(f'HistoryBuffer max_length {max_length!r}')
     buffer = HistoryBuffer(max_length=max_length)
-    buffer._log_history = np.asarray(
-        log_history, dtype=_history_dtype(log_dtype))
-    buffer._count_history = np.asarray(
-        count_history, dtype=_history_dtype(count_dtype))
+    buffer._log_history = _history_array(log_history, log_dtype)
+    buffer._count_history = _history_array(count_history, count_dtype)
     return buffer
+
+
+def _history_array(values: list, spec: str) -> np.ndarray:
+    dtype = _history_dtype(spec)
+    # Flat: a nested list would allocate more than its length says.
+    if type(values) is not list or not all(
+            type(value) in (bool, int, float, complex) for value in values):
+        raise ForgedNumpyData('HistoryBuffer values must be a flat list of '
+                              'numbers')
+    charge(len(values) * dtype.itemsize, 'a HistoryBuffer')
+    return np.asarray(values, dtype=dtype)
 
 
 def _reduce_history_buffer(buffer: HistoryBuffer):
@@ -188,7 +198,9 @@ def _opened(source: Union[str, bytes]):
 
 def _load_restricted(source, map_location):
     check_tuple_nesting(source)
-    with scoped_allow_list():
+    file_size = len(source) if isinstance(source,
+                                          bytes) else osp.getsize(source)
+    with scoped_allow_list(), allocation_budget(file_size):
         checkpoint = torch.load(
             _opened(source), map_location=map_location, weights_only=True)
         return plain_numpy_objects(checkpoint)

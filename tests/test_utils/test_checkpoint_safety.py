@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 import torch
 from hostile_checkpoints import (HOSTILE_PAYLOADS, RunsShellCommand,
-                                 UsesGetattrGadget, write_edited_pickle_checkpoint,
+                                 UsesGetattrGadget,
+                                 history_buffers_sharing_one_list,
+                                 write_edited_pickle_checkpoint,
                                  write_hostile_checkpoint,
                                  write_nested_tuple_checkpoint)
 from mmengine.logging import HistoryBuffer, MessageHub
@@ -176,6 +178,23 @@ def test_tuples_nested_within_the_limit_load(tmp_path):
     assert value == 1 and len(key) == 1
     path = write_nested_tuple_checkpoint(str(tmp_path / 'deeper.pth'), 101)
     with pytest.raises(UnreadableCheckpointError, match='more than 100 deep'):
+        CheckpointLoader.load_checkpoint(path)
+
+
+@pytest.mark.parametrize(
+    'nested, error, match',
+    [(False, UnreadableCheckpointError, 'would allocate'),
+     (True, UnsafeCheckpointError, 'flat list of numbers')],
+    ids=['flat', 'nested'])
+def test_small_file_cannot_make_the_loader_allocate_far_more(
+        nested, error, match, tmp_path):
+    # 1000 rebuilds of one 16384-item list: a ~40 KB file, 256 MiB of arrays.
+    path = str(tmp_path / 'amplifying.pth')
+    torch.save(
+        dict(message_hub=dict(log_scalars=history_buffers_sharing_one_list(
+            1000, 2**14, nested))), path)
+    assert osp.getsize(path) < 64 * 1024
+    with pytest.raises(error, match=match):
         CheckpointLoader.load_checkpoint(path)
 
 
