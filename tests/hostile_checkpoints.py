@@ -6,6 +6,7 @@ HistoryBuffer rebuilder), with a forged state: the attacks numpy itself
 never writes.
 """
 import copyreg
+import functools
 import io
 import os
 import zipfile
@@ -197,17 +198,45 @@ def write_edited_pickle_checkpoint(path, edit):
     return path
 
 
-def write_nested_tuple_checkpoint(path, depth, as_set_member=False):
-    """``{'w': tensor}`` plus a key (or a set member) of ``depth`` nested
-    tuples: one TUPLE1 opcode per level, so a megabyte nests a million
-    deep. The tensor comes first, so a check must read past its storage.
-    """
+
+def write_checkpoint_with_entry(path, key_and_value):
+    """``{'w': tensor}`` plus one more entry: ``key_and_value`` is raw
+    pickle opcodes pushing a key and a value (torch.save cannot write
+    what an attacker can)."""
+    # Before STOP the dict is on top of the stack: SETITEM adds the entry.
+    return write_edited_pickle_checkpoint(
+        path, lambda pickled: pickled[:-1] + key_and_value + b's.')
+
+
+def _text(text):
+    return b'X' + len(text).to_bytes(4, 'little') + text
+
+
+def nested_tuples(depth, as_set_member=False):
+    """A key (or, under key 'x', a set member) of ``depth`` nested tuples:
+    one TUPLE1 opcode per level, so a megabyte nests a million deep."""
     nested = b')' + b'\x85' * (depth - 1)
     if as_set_member:
-        # {'x': set([nested])}
-        entry = b'X\x01\x00\x00\x00xcbuiltins\nset\n]' + nested + b'a\x85R'
-    else:
-        entry = nested + b'K\x01'
-    # Before STOP the dict is on top of the stack: add the entry to it.
-    return write_edited_pickle_checkpoint(
-        path, lambda pickled: pickled[:-1] + entry + b's.')
+        return _text(b'x') + b'cbuiltins\nset\n]' + nested + b'a\x85R'
+    return nested + b'K\x01'
+
+
+def _encode(pickled_text, encoding=b'latin1'):
+    return b'c_codecs\nencode\n' + pickled_text + _text(encoding) + b'\x86R'
+
+
+#: name -> raw opcodes of a key and value that make torch's unpickler (with
+#: only its default globals) allocate far more than the file holds.
+ALLOCATING_ENTRIES = {
+    # bytearray(64 MiB) from 25 bytes.
+    'bytearray_of_a_size': _text(b'x') + b'cbuiltins\nbytearray\nJ' +
+    (1 << 26).to_bytes(4, 'little') + b'\x85R',
+    # Each hex encoding doubles: 4 KiB from 12 nested calls.
+    'hex_encoding_chain': _text(b'x') + functools.reduce(
+        lambda inner, _: b'c_codecs\nencode\n' + inner + _text(b'hex') +
+        b'\x86R', range(12), _encode(_text(b'a'))),
+    # One memoised 64 KiB string encoded 200 times: 12.8 MB from 66 KB.
+    'memoised_string_encoded_again': _text(b'x') + b'](' + _text(
+        b'a' * 65536) + b'r\xa0\x86\x01\x00' + _encode(
+            b'j\xa0\x86\x01\x00') * 200 + b'e',
+}

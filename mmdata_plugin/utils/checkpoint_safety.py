@@ -37,7 +37,7 @@ from mmengine.logging import HistoryBuffer, print_log
 from .allocation_budget import allocation_budget, charge
 from .numpy_unpickling import (ForgedNumpyData, numpy_allow_list, plain_dtype,
                                plain_numpy_objects)
-from .pickle_nesting import check_tuple_nesting
+from .pickle_preflight import check_pickles
 
 #: Environment variable listing checkpoints (``os.pathsep`` separated files
 #: or URLs) the user explicitly trusts to be unpickled without restrictions.
@@ -197,13 +197,15 @@ def _opened(source: Union[str, bytes]):
 
 
 def _load_restricted(source, map_location):
-    check_tuple_nesting(source)
     file_size = len(source) if isinstance(source,
                                           bytes) else osp.getsize(source)
-    with scoped_allow_list(), allocation_budget(file_size):
-        checkpoint = torch.load(
-            _opened(source), map_location=map_location, weights_only=True)
-        return plain_numpy_objects(checkpoint)
+    with allocation_budget(file_size):
+        check_pickles(source)
+        with scoped_allow_list():
+            checkpoint = torch.load(
+                _opened(source), map_location=map_location,
+                weights_only=True)
+            return plain_numpy_objects(checkpoint)
 
 
 def _try_restricted_load(source, map_location,

@@ -13,7 +13,7 @@ from typing import List, Optional, Tuple
 
 from .checkpoint_safety import (UnreadableCheckpointError,
                                 load_from_local_safely)
-from .pickle_nesting import ZIP_MAGIC
+from .pickle_preflight import ZIP_MAGIC
 
 
 def checkpoint_problem(path: str) -> Optional[str]:

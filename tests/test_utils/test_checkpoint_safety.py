@@ -7,12 +7,12 @@ from collections import OrderedDict
 import numpy as np
 import pytest
 import torch
-from hostile_checkpoints import (HOSTILE_PAYLOADS, RunsShellCommand,
-                                 UsesGetattrGadget,
+from hostile_checkpoints import (ALLOCATING_ENTRIES, HOSTILE_PAYLOADS,
+                                 RunsShellCommand, UsesGetattrGadget,
                                  history_buffers_sharing_one_list,
+                                 nested_tuples, write_checkpoint_with_entry,
                                  write_edited_pickle_checkpoint,
-                                 write_hostile_checkpoint,
-                                 write_nested_tuple_checkpoint)
+                                 write_hostile_checkpoint)
 from mmengine.logging import HistoryBuffer, MessageHub
 from mmengine.runner.checkpoint import CheckpointLoader, _load_checkpoint
 
@@ -161,8 +161,8 @@ def test_forged_numpy_data_is_refused_without_crashing(payload, tmp_path):
 def test_deeply_nested_tuples_are_refused_without_crashing(
         as_set_member, tmp_path):
     # Hashing a million nested tuples overflows CPython's C stack.
-    path = write_nested_tuple_checkpoint(
-        str(tmp_path / 'nested.pth'), 10**6, as_set_member)
+    path = write_checkpoint_with_entry(
+        str(tmp_path / 'nested.pth'), nested_tuples(10**6, as_set_member))
     status, output = _load_in_forked_child(path)
     assert not os.WIFSIGNALED(status), (
         f'the load killed the process with signal {os.WTERMSIG(status)}')
@@ -171,12 +171,14 @@ def test_deeply_nested_tuples_are_refused_without_crashing(
 
 
 def test_tuples_nested_within_the_limit_load(tmp_path):
-    path = write_nested_tuple_checkpoint(str(tmp_path / 'nested.pth'), 100)
+    path = write_checkpoint_with_entry(
+        str(tmp_path / 'nested.pth'), nested_tuples(100))
     loaded = CheckpointLoader.load_checkpoint(path)
     assert loaded.pop('w') == torch.ones(1)
     (key, value), = loaded.items()
     assert value == 1 and len(key) == 1
-    path = write_nested_tuple_checkpoint(str(tmp_path / 'deeper.pth'), 101)
+    path = write_checkpoint_with_entry(
+        str(tmp_path / 'deeper.pth'), nested_tuples(101))
     with pytest.raises(UnreadableCheckpointError, match='more than 100 deep'):
         CheckpointLoader.load_checkpoint(path)
 
@@ -196,6 +198,24 @@ def test_small_file_cannot_make_the_loader_allocate_far_more(
     assert osp.getsize(path) < 64 * 1024
     with pytest.raises(error, match=match):
         CheckpointLoader.load_checkpoint(path)
+
+
+@pytest.mark.parametrize('entry', sorted(ALLOCATING_ENTRIES))
+def test_torch_defaults_cannot_allocate_far_more_than_the_file(
+        entry, tmp_path):
+    path = write_checkpoint_with_entry(
+        str(tmp_path / 'amplifying.pth'), ALLOCATING_ENTRIES[entry])
+    assert osp.getsize(path) < 128 * 1024
+    with pytest.raises(UnreadableCheckpointError,
+                       match=r'UnexpectedAllocation|would allocate'):
+        CheckpointLoader.load_checkpoint(path)
+
+
+def test_bytes_and_bytearrays_as_pickle_writes_them_load(tmp_path):
+    path = str(tmp_path / 'bytes.pth')
+    content = [b'ab', b'ab', bytearray(b'xy'), bytearray(), b'']
+    torch.save(dict(meta=content), path)
+    assert CheckpointLoader.load_checkpoint(path)['meta'] == content
 
 
 def test_plain_numpy_content_round_trips_as_plain_numpy(tmp_path):

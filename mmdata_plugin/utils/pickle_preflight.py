@@ -1,18 +1,26 @@
-"""How deeply a checkpoint's pickle nests tuples, found without unpickling.
+"""What a checkpoint's pickle would do, checked before torch unpickles it.
 
-CPython hashes a tuple by hashing its items recursively in C, with no
-recursion guard: a key or set member made of a million nested tuples (one
-byte of pickle per level) overflows the C stack and the process dies with
-SIGSEGV, inside torch's ``weights_only`` unpickler, before any of our code
-could refuse it. Lists and dicts are unhashable, and no allow-listed callable
-builds nested tuples, so every deep chain of hashable containers is a chain
-of the pickle's own TUPLE opcodes. :func:`check_tuple_nesting` replays the
-opcodes torch's unpickler accepts, tracking only how deep each tuple nests,
-and refuses a pickle whose nesting exceeds :data:`MAX_TUPLE_NESTING`.
+Two things torch's ``weights_only`` unpickler lets a file do with only the
+globals it allows by default, before any of our code could refuse it:
 
-The replay reads exactly what torch's unpickler reads; where torch's
-unpickler fails (unknown opcode, empty stack, missing memo entry, end of
-data) the replay stops, since torch stops there too.
+* crash the process: CPython hashes a tuple by hashing its items
+  recursively in C, with no recursion guard, so a dict key or set member of
+  a million nested tuples (one byte of pickle per level) overflows the C
+  stack (SIGSEGV). Lists and dicts are unhashable and no allowed callable
+  builds nested tuples, so every such chain is made of the pickle's own
+  TUPLE opcodes; deeper than :data:`MAX_TUPLE_NESTING` is refused.
+* exhaust memory: ``bytearray(N)`` allocates N bytes, ``_codecs.encode``
+  with the ``hex`` codec doubles its input (35 calls: 32 GiB from 2 KB),
+  and the memo lets one string be encoded again and again. Only the calls
+  pickle itself writes for bytes (``encode(str, 'latin1')``) and bytearrays
+  (``bytearray(encode(...))``, ``bytearray()``) are accepted, their output
+  charged against the load's allocation budget.
+
+:func:`check_pickles` replays the opcodes torch's unpickler accepts,
+reading exactly what it reads and tracking only tuple depths and the few
+literal values these checks need. Where torch's unpickler fails (unknown
+opcode, empty stack, missing memo entry, end of data) the replay stops,
+since torch stops there too.
 """
 import io
 import pickle
@@ -20,6 +28,11 @@ from struct import unpack
 from typing import BinaryIO, Union
 
 import torch
+# torch's own name resolution for GLOBAL (its protocol-2 name mappings), so
+# the names checked are the names torch looks up.
+from torch._weights_only_unpickler import _read_global_instruction
+
+from .allocation_budget import charge
 
 #: Deeper than any real checkpoint nests tuples; far below a C stack (and
 #: below the Python recursion limit that walking the result meets).
@@ -49,13 +62,23 @@ class TupleNestingTooDeep(ValueError):
     """A pickle nests tuples deeper than :data:`MAX_TUPLE_NESTING`."""
 
 
+class UnexpectedAllocation(ValueError):
+    """A pickle calls an allocating callable as pickle itself never does."""
+
+
 class _Stop(Exception):
     """Where torch's unpickler fails too."""
 
 
-class _NestingReplay:
-    """Replays one pickle; stack items are tuple nesting depths (0: other
-    objects)."""
+_OTHER = (0, None)
+# Pickle's own spelling of the codec it writes bytes with.
+_LATIN1 = ('str', b'latin1')
+
+
+class _Replay:
+    """Replays one pickle. Stack items are ``(tuple depth, value)``; value
+    is ``('global', name)``, ``('str', bytes)``, ``('bytes', size)``,
+    ``('tuple', values)`` or None (anything else)."""
 
     def __init__(self, file: BinaryIO):
         self.read = file.read
@@ -76,12 +99,12 @@ class _NestingReplay:
         return items
 
     def _push_tuple(self, items):
-        depth = 1 + max(items, default=0)
+        depth = 1 + max((item[0] for item in items), default=0)
         if depth > MAX_TUPLE_NESTING:
             raise TupleNestingTooDeep(
                 f'the pickle nests tuples more than {MAX_TUPLE_NESTING} deep, '
                 'which would crash the interpreter when they are hashed')
-        self.stack.append(depth)
+        self.stack.append((depth, ('tuple', [item[1] for item in items])))
 
     def _read_exactly(self, size: int) -> bytes:
         data = self.read(size)
@@ -98,34 +121,59 @@ class _NestingReplay:
             return False
         return True
 
+    def _call(self, func, args) -> tuple:
+        """The item a REDUCE of ``func`` on ``args`` leaves."""
+        name = func[1] if func and func[0] == 'global' else None
+        args = args[1] if args and args[0] == 'tuple' else None
+        if name == '_codecs.encode':
+            if (args is None or len(args) != 2 or args[1] != _LATIN1
+                    or not args[0] or args[0][0] != 'str'):
+                raise UnexpectedAllocation(
+                    'the pickle calls _codecs.encode other than as '
+                    "encode(string, 'latin1'), the only way pickle writes "
+                    'bytes (other codecs multiply the size of their input)')
+            size = len(args[0][1])
+            charge(size, 'bytes encoded by the pickle')
+            return (0, ('bytes', size))
+        if name == 'builtins.bytearray':
+            if args is None or len(args) > 1 or (
+                    args and (not args[0] or args[0][0] != 'bytes')):
+                raise UnexpectedAllocation(
+                    'the pickle calls bytearray other than as bytearray() '
+                    'or bytearray(bytes), the ways pickle writes one '
+                    '(bytearray(N) allocates N bytes)')
+            if args:
+                charge(args[0][1], 'a bytearray copied by the pickle')
+        return _OTHER
+
     def _step(self, op: int) -> bool:
         stack = self.stack
         if op in _PUSH_ONE:
             self._read_exactly(_OPERAND_BYTES.get(op, 0))
             if op != pickle.PROTO[0]:
-                stack.append(0)
+                stack.append(_OTHER)
         elif op == pickle.STOP[0]:
             return False
         elif op == pickle.GLOBAL[0]:
-            self.readline()
-            self.readline()
-            stack.append(0)
+            module, name = _read_global_instruction(self.readline)
+            stack.append((0, ('global', f'{module}.{name}')))
         elif op in (pickle.BINUNICODE[0], pickle.SHORT_BINSTRING[0],
                     pickle.LONG1[0]):
             if op == pickle.BINUNICODE[0]:
                 size = unpack('<I', self._read_exactly(4))[0]
             else:
                 size = self._read_exactly(1)[0]
-            self._read_exactly(size)
-            stack.append(0)
+            data = self._read_exactly(size)
+            stack.append((0, ('str', data)) if op != pickle.LONG1[0] else
+                         _OTHER)
         elif op in (pickle.NEWOBJ[0], pickle.REDUCE[0]):
-            self._pop()
-            self._pop()
-            stack = self.stack
-            stack.append(0)
+            args = self._pop()[1]
+            func = self._pop()[1]
+            self.stack.append(
+                self._call(func, args) if op == pickle.REDUCE[0] else _OTHER)
         elif op == pickle.BINPERSID[0]:
             self._pop()
-            self.stack.append(0)
+            self.stack.append(_OTHER)
         elif op in (pickle.BUILD[0], pickle.APPEND[0]):
             self._pop()
             if not self.stack:
@@ -143,8 +191,7 @@ class _NestingReplay:
             self.metastack.append(stack)
             self.stack = []
         elif op == pickle.TUPLE[0]:
-            items = self._pop_mark()
-            self._push_tuple(items)
+            self._push_tuple(self._pop_mark())
         elif op in (pickle.TUPLE1[0], pickle.TUPLE2[0], pickle.TUPLE3[0]):
             size = 1 + (pickle.TUPLE1[0], pickle.TUPLE2[0],
                         pickle.TUPLE3[0]).index(op)
@@ -177,13 +224,21 @@ class _NestingReplay:
 
 def _check_pickles(file: BinaryIO, count: int) -> None:
     for _ in range(count):
-        if not _NestingReplay(file).run():
+        if not _Replay(file).run():
             return
 
 
-def check_tuple_nesting(source: Union[str, bytes]) -> None:
-    """Raise TupleNestingTooDeep if any pickle torch would load from
-    ``source`` (a path or the file's bytes) nests tuples too deeply."""
+def check_pickles(source: Union[str, bytes]) -> None:
+    """Check every pickle torch would load from ``source`` (a path or the
+    file's bytes); allocations are charged to the budget in force.
+
+    Raises:
+        TupleNestingTooDeep: If tuples nest too deeply.
+        UnexpectedAllocation: If an allocating callable is called other than
+            as pickle calls it.
+        AllocationBudgetExceeded: If the pickle's bytes would exceed the
+            allocation budget.
+    """
     opened = io.BytesIO(source) if isinstance(source, bytes) else open(
         source, 'rb')
     with opened:
