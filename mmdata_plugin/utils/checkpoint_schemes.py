@@ -136,7 +136,9 @@ def load_from_pavi_safely(filename: str, map_location=None):
         ) from error
     model = modelcloud.get(filename[len('pavi://'):])
     with TemporaryDirectory() as tmp_dir:
-        downloaded = osp.join(tmp_dir, model.name)
+        # The server names the model: an absolute or '..' name must not
+        # choose where the download is written.
+        downloaded = osp.join(tmp_dir, 'checkpoint.pth')
         model.download(downloaded)
         return load_checkpoint_safely(downloaded, map_location, name=filename)
 

@@ -167,10 +167,10 @@ def _petrel(prefix):
     return name
 
 
-def _pavi(checkpoint, served_root, monkeypatch, **_):
+def _pavi(checkpoint, served_root, monkeypatch, model_name=None, **_):
 
     class Model:
-        name = checkpoint
+        name = model_name or checkpoint
 
         def download(self, path):
             shutil.copy(osp.join(served_root, checkpoint), path)
@@ -250,6 +250,19 @@ def test_trusting_a_url_never_loads_another_urls_download(
     checkpoint = CheckpointLoader.load_checkpoint(good, map_location='cpu')
     assert not marker.exists()
     assert torch.equal(checkpoint['state_dict']['w'], torch.arange(3.))
+
+
+def test_pavi_model_name_cannot_write_outside_the_download_folder(
+        served, tmp_path, monkeypatch):
+    escaped = tmp_path / 'escaped.pth'
+    name = _pavi(
+        'good.pth',
+        served[0],
+        monkeypatch,
+        model_name=str(escaped))
+    checkpoint = CheckpointLoader.load_checkpoint(name, map_location='cpu')
+    assert torch.equal(checkpoint['state_dict']['w'], torch.arange(3.))
+    assert not escaped.exists()
 
 
 def test_scheme_trusted_by_name_loads(name_of):
