@@ -11,10 +11,11 @@ globals it allows by default, before any of our code could refuse it:
   TUPLE opcodes; deeper than :data:`MAX_TUPLE_NESTING` is refused.
 * exhaust memory: ``bytearray(N)`` allocates N bytes, ``_codecs.encode``
   with the ``hex`` codec doubles its input (35 calls: 32 GiB from 2 KB),
-  and the memo lets one string be encoded again and again. Only the calls
-  pickle itself writes for bytes (``encode(str, 'latin1')``) and bytearrays
-  (``bytearray(encode(...))``, ``bytearray()``) are accepted, their output
-  charged against the load's allocation budget.
+  and the memo lets one string be encoded, or one list copied into a set,
+  again and again. Only the calls pickle itself writes for bytes
+  (``encode(str, 'latin1')``) and bytearrays (``bytearray(encode(...))``,
+  ``bytearray()``) are accepted; their output, and every list or dict handed
+  to a callable, is charged against the load's allocation budget.
 
 :func:`check_pickles` replays the opcodes torch's unpickler accepts,
 reading exactly what it reads and tracking only tuple depths and the few
@@ -52,10 +53,14 @@ _OPERAND_BYTES = {
     pickle.PROTO[0]: 1,
 }
 _PUSH_ONE = {
-    pickle.NONE[0], pickle.NEWFALSE[0], pickle.NEWTRUE[0],
-    pickle.EMPTY_LIST[0], pickle.EMPTY_DICT[0], pickle.EMPTY_SET[0],
-    *_OPERAND_BYTES
+    pickle.NONE[0], pickle.NEWFALSE[0], pickle.NEWTRUE[0], *_OPERAND_BYTES
 }
+_EMPTY_CONTAINERS = {
+    pickle.EMPTY_LIST[0], pickle.EMPTY_DICT[0], pickle.EMPTY_SET[0]
+}
+#: What a callable handed a container is charged per item (a pointer: real
+#: copies cost more; the charge only has to grow with every reuse).
+BYTES_PER_ITEM = 8
 
 
 class TupleNestingTooDeep(ValueError):
@@ -78,7 +83,8 @@ _LATIN1 = ('str', b'latin1')
 class _Replay:
     """Replays one pickle. Stack items are ``(tuple depth, value)``; value
     is ``('global', name)``, ``('str', bytes)``, ``('bytes', size)``,
-    ``('tuple', values)`` or None (anything else)."""
+    ``('tuple', values)``, ``('container', [item count])`` (a list or dict,
+    counted as it grows) or None (anything else)."""
 
     def __init__(self, file: BinaryIO):
         self.read = file.read
@@ -125,6 +131,12 @@ class _Replay:
         """The item a REDUCE of ``func`` on ``args`` leaves."""
         name = func[1] if func and func[0] == 'global' else None
         args = args[1] if args and args[0] == 'tuple' else None
+        # set(L), Counter(L), OrderedDict(L)... copy L: a memoised L handed
+        # over again and again must not multiply memory for free.
+        for arg in args or ():
+            if arg and arg[0] == 'container':
+                charge(arg[1][0] * BYTES_PER_ITEM,
+                       f'{name or "a callable"} copying a container')
         if name == '_codecs.encode':
             if (args is None or len(args) != 2 or args[1] != _LATIN1
                     or not args[0] or args[0][0] != 'str'):
@@ -152,6 +164,8 @@ class _Replay:
             self._read_exactly(_OPERAND_BYTES.get(op, 0))
             if op != pickle.PROTO[0]:
                 stack.append(_OTHER)
+        elif op in _EMPTY_CONTAINERS:
+            stack.append((0, ('container', [0])))
         elif op == pickle.STOP[0]:
             return False
         elif op == pickle.GLOBAL[0]:
@@ -176,17 +190,14 @@ class _Replay:
             self.stack.append(_OTHER)
         elif op in (pickle.BUILD[0], pickle.APPEND[0]):
             self._pop()
-            if not self.stack:
-                raise _Stop
+            self._grow(1 if op == pickle.APPEND[0] else 0)
         elif op == pickle.SETITEM[0]:
             self._pop()
             self._pop()
-            if not self.stack:
-                raise _Stop
+            self._grow(1)
         elif op in (pickle.APPENDS[0], pickle.SETITEMS[0]):
-            self._pop_mark()
-            if not self.stack:
-                raise _Stop
+            items = len(self._pop_mark())
+            self._grow(items if op == pickle.APPENDS[0] else items // 2)
         elif op == pickle.MARK[0]:
             self.metastack.append(stack)
             self.stack = []
@@ -215,6 +226,14 @@ class _Replay:
         else:
             raise _Stop
         return True
+
+    def _grow(self, items: int) -> None:
+        """Count ``items`` added to the container on top of the stack."""
+        if not self.stack:
+            raise _Stop
+        value = self.stack[-1][1]
+        if value and value[0] == 'container':
+            value[1][0] += items
 
     def _memo_index(self, short: bool) -> int:
         if short:
