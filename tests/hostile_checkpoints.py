@@ -239,6 +239,9 @@ ALLOCATING_ENTRIES = {
     'memoised_string_encoded_again': _text(b'x') + b'](' + _text(
         b'a' * 65536) + b'r\xa0\x86\x01\x00' + _encode(
             b'j\xa0\x86\x01\x00') * 200 + b'e',
+    # 256 MiB of uninitialised floats from 37 bytes.
+    'tensor_class_called_with_a_size': _text(b'x') +
+    b'ctorch\nFloatTensor\nJ' + (1 << 26).to_bytes(4, 'little') + b'\x85R',
     # One memoised list of 10000 ints made a set 100 times: 50 MB from 50 KB.
     'memoised_list_copied_again': _text(b'x') + b'](](' + b''.join(
         b'J' + i.to_bytes(4, 'little') for i in range(10000)) +

@@ -11,11 +11,13 @@ globals it allows by default, before any of our code could refuse it:
   TUPLE opcodes; deeper than :data:`MAX_TUPLE_NESTING` is refused.
 * exhaust memory: ``bytearray(N)`` allocates N bytes, ``_codecs.encode``
   with the ``hex`` codec doubles its input (35 calls: 32 GiB from 2 KB),
-  and the memo lets one string be encoded, or one list copied into a set,
-  again and again. Only the calls pickle itself writes for bytes
-  (``encode(str, 'latin1')``) and bytearrays (``bytearray(encode(...))``,
-  ``bytearray()``) are accepted; their output, and every list or dict handed
-  to a callable, is charged against the load's allocation budget.
+  the memo lets one string be encoded, or one list copied into a set, again
+  and again, and ``torch.FloatTensor(N)`` allocates N floats. Tensor
+  classes may not be called at all; only the calls pickle itself writes for
+  bytes (``encode(str, 'latin1')``) and bytearrays
+  (``bytearray(encode(...))``, ``bytearray()``) are accepted; their output,
+  and every list or dict handed to a callable, is charged against the
+  load's allocation budget.
 
 :func:`check_pickles` replays the opcodes torch's unpickler accepts,
 reading exactly what it reads and tracking only tuple depths and the few
@@ -58,6 +60,14 @@ _PUSH_ONE = {
 _EMPTY_CONTAINERS = {
     pickle.EMPTY_LIST[0], pickle.EMPTY_DICT[0], pickle.EMPTY_SET[0]
 }
+# torch's tensor classes, which torch's unpickler lets a pickle call:
+# torch.FloatTensor(N) allocates N uninitialised floats. torch.save never
+# calls them (tensors come from storages through torch._utils._rebuild_*).
+_TENSOR_CLASSES = {'torch.Tensor'} | {
+    f'{cls.__module__}.{cls.__name__}'
+    for cls in torch._tensor_classes
+}
+
 #: What a callable handed a container is charged per item (a pointer: real
 #: copies cost more; the charge only has to grow with every reuse).
 BYTES_PER_ITEM = 8
@@ -137,6 +147,10 @@ class _Replay:
             if arg and arg[0] == 'container':
                 charge(arg[1][0] * BYTES_PER_ITEM,
                        f'{name or "a callable"} copying a container')
+        if name in _TENSOR_CLASSES:
+            raise UnexpectedAllocation(
+                f'the pickle calls {name} (torch.save never does; it would '
+                'allocate a tensor of any size the file names)')
         if name == '_codecs.encode':
             if (args is None or len(args) != 2 or args[1] != _LATIN1
                     or not args[0] or args[0][0] != 'str'):
@@ -183,8 +197,7 @@ class _Replay:
         elif op in (pickle.NEWOBJ[0], pickle.REDUCE[0]):
             args = self._pop()[1]
             func = self._pop()[1]
-            self.stack.append(
-                self._call(func, args) if op == pickle.REDUCE[0] else _OTHER)
+            self.stack.append(self._call(func, args))
         elif op == pickle.BINPERSID[0]:
             self._pop()
             self.stack.append(_OTHER)
