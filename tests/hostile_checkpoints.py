@@ -6,7 +6,10 @@ HistoryBuffer rebuilder), with a forged state: the attacks numpy itself
 never writes.
 """
 import copyreg
+import functools
+import io
 import os
+import zipfile
 from collections import OrderedDict
 
 import numpy as np
@@ -98,6 +101,23 @@ class ForgedHistoryBuffer:
                                         '<i8')
 
 
+class HistoryBufferSharingItsList:
+    """Our HistoryBuffer rebuilder handed one (memoised) list: each copy in
+    the file costs a few bytes and makes the loader build two arrays."""
+
+    def __init__(self, values):
+        self.values = values
+
+    def __reduce__(self):
+        return rebuild_history_buffer, (self.values, self.values, 20, '<f8',
+                                        '<i8')
+
+
+def history_buffers_sharing_one_list(copies, length, nested=False):
+    values = [[0] * length] if nested else [0] * length
+    return [HistoryBufferSharingItsList(values) for _ in range(copies)]
+
+
 def forged_object_dtype():
     """Object dtype whose flags claim it holds no references."""
     return ForgedDtype('O8', (3, '|', None, None, None, -1, -1,
@@ -160,3 +180,71 @@ def write_hostile_checkpoint(name, path, **extra):
     checkpoint = dict(HOSTILE_PAYLOADS[name](), **extra)
     torch.save(checkpoint, path)
     return path
+
+
+
+
+def write_edited_pickle_checkpoint(path, edit):
+    """``{'w': tensor}`` saved by torch, its data.pkl replaced by
+    ``edit(data.pkl)``."""
+    buffer = io.BytesIO()
+    torch.save({'w': torch.ones(1)}, buffer)
+    with zipfile.ZipFile(buffer) as source, zipfile.ZipFile(path, 'w') as out:
+        for member in source.namelist():
+            data = source.read(member)
+            if member.endswith('/data.pkl'):
+                data = edit(data)
+            out.writestr(member, data)
+    return path
+
+
+
+def write_checkpoint_with_entry(path, key_and_value):
+    """``{'w': tensor}`` plus one more entry: ``key_and_value`` is raw
+    pickle opcodes pushing a key and a value (torch.save cannot write
+    what an attacker can)."""
+    # Before STOP the dict is on top of the stack: SETITEM adds the entry.
+    return write_edited_pickle_checkpoint(
+        path, lambda pickled: pickled[:-1] + key_and_value + b's.')
+
+
+def _text(text):
+    return b'X' + len(text).to_bytes(4, 'little') + text
+
+
+def nested_tuples(depth, as_set_member=False):
+    """A key (or, under key 'x', a set member) of ``depth`` nested tuples:
+    one TUPLE1 opcode per level, so a megabyte nests a million deep."""
+    nested = b')' + b'\x85' * (depth - 1)
+    if as_set_member:
+        return _text(b'x') + b'cbuiltins\nset\n]' + nested + b'a\x85R'
+    return nested + b'K\x01'
+
+
+def _encode(pickled_text, encoding=b'latin1'):
+    return b'c_codecs\nencode\n' + pickled_text + _text(encoding) + b'\x86R'
+
+
+#: name -> raw opcodes of a key and value that make torch's unpickler (with
+#: only its default globals) allocate far more than the file holds.
+ALLOCATING_ENTRIES = {
+    # bytearray(64 MiB) from 25 bytes.
+    'bytearray_of_a_size': _text(b'x') + b'cbuiltins\nbytearray\nJ' +
+    (1 << 26).to_bytes(4, 'little') + b'\x85R',
+    # Each hex encoding doubles: 4 KiB from 12 nested calls.
+    'hex_encoding_chain': _text(b'x') + functools.reduce(
+        lambda inner, _: b'c_codecs\nencode\n' + inner + _text(b'hex') +
+        b'\x86R', range(12), _encode(_text(b'a'))),
+    # One memoised 64 KiB string encoded 200 times: 12.8 MB from 66 KB.
+    'memoised_string_encoded_again': _text(b'x') + b'](' + _text(
+        b'a' * 65536) + b'r\xa0\x86\x01\x00' + _encode(
+            b'j\xa0\x86\x01\x00') * 200 + b'e',
+    # 256 MiB of uninitialised floats from 37 bytes.
+    'tensor_class_called_with_a_size': _text(b'x') +
+    b'ctorch\nFloatTensor\nJ' + (1 << 26).to_bytes(4, 'little') + b'\x85R',
+    # One memoised list of 10000 ints made a set 100 times: 50 MB from 50 KB.
+    'memoised_list_copied_again': _text(b'x') + b'](](' + b''.join(
+        b'J' + i.to_bytes(4, 'little') for i in range(10000)) +
+    b'er\xa0\x86\x01\x00' + b'cbuiltins\nset\nj\xa0\x86\x01\x00\x85R' * 100 +
+    b'e',
+}

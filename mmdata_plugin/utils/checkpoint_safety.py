@@ -34,8 +34,10 @@ import numpy as np
 import torch
 from mmengine.logging import HistoryBuffer, print_log
 
+from .allocation_budget import allocation_budget, charge
 from .numpy_unpickling import (ForgedNumpyData, numpy_allow_list, plain_dtype,
                                plain_numpy_objects)
+from .pickle_preflight import check_pickles
 
 #: Environment variable listing checkpoints (``os.pathsep`` separated files
 #: or URLs) the user explicitly trusts to be unpickled without restrictions.
@@ -66,11 +68,20 @@ def rebuild_history_buffer(log_history: list, count_history: list,
     if type(max_length) is not int:
         raise ForgedNumpyData(f'HistoryBuffer max_length {max_length!r}')
     buffer = HistoryBuffer(max_length=max_length)
-    buffer._log_history = np.asarray(
-        log_history, dtype=_history_dtype(log_dtype))
-    buffer._count_history = np.asarray(
-        count_history, dtype=_history_dtype(count_dtype))
+    buffer._log_history = _history_array(log_history, log_dtype)
+    buffer._count_history = _history_array(count_history, count_dtype)
     return buffer
+
+
+def _history_array(values: list, spec: str) -> np.ndarray:
+    dtype = _history_dtype(spec)
+    # Flat: a nested list would allocate more than its length says.
+    if type(values) is not list or not all(
+            type(value) in (bool, int, float, complex) for value in values):
+        raise ForgedNumpyData('HistoryBuffer values must be a flat list of '
+                              'numbers')
+    charge(len(values) * dtype.itemsize, 'a HistoryBuffer')
+    return np.asarray(values, dtype=dtype)
 
 
 def _reduce_history_buffer(buffer: HistoryBuffer):
@@ -186,10 +197,15 @@ def _opened(source: Union[str, bytes]):
 
 
 def _load_restricted(source, map_location):
-    with scoped_allow_list():
-        checkpoint = torch.load(
-            _opened(source), map_location=map_location, weights_only=True)
-        return plain_numpy_objects(checkpoint)
+    file_size = len(source) if isinstance(source,
+                                          bytes) else osp.getsize(source)
+    with allocation_budget(file_size):
+        check_pickles(source)
+        with scoped_allow_list():
+            checkpoint = torch.load(
+                _opened(source), map_location=map_location,
+                weights_only=True)
+            return plain_numpy_objects(checkpoint)
 
 
 def _try_restricted_load(source, map_location,
@@ -205,15 +221,14 @@ def _try_restricted_load(source, map_location,
         with scoped_allow_list():
             try:
                 reason = _unsafe_globals_reason(_opened(source))
-            except (RuntimeError, ValueError):
+            except Exception:  # the scan fails where the load did
                 reason = ''
         if not reason:
             raise _unreadable(name, error) from error
         return reason, None
-    except (RuntimeError, EOFError, TypeError, ValueError, KeyError,
-            IndexError, AttributeError) as error:
-        # torch's reader (truncated zip: RuntimeError), or a stand-in or
-        # rebuild function called with arguments no writer produces.
+    except Exception as error:
+        # Whatever a malformed file makes torch's reader (truncated zip,
+        # cut operand: struct.error), a stand-in or a rebuild function raise.
         raise _unreadable(name, error) from error
 
 

@@ -12,6 +12,7 @@ allow-list and the same ``--trust-checkpoint`` opt-in (by URL or name) as
 local files. They are registered through mmengine's public
 ``CheckpointLoader.register_scheme``.
 """
+import hashlib
 import logging
 import os
 import os.path as osp
@@ -31,14 +32,22 @@ from .checkpoint_safety import (load_checkpoint_safely, load_from_local_safely,
 
 
 def _download(url: str, model_dir: str = None) -> str:
-    """Fetch ``url`` into torch hub's cache, as torch.hub does; the path.
+    """Fetch ``url`` into torch hub's cache folder; the path.
 
-    Same cache as ``torch.hub.load_state_dict_from_url`` (``TORCH_HOME``),
+    Same folder as ``torch.hub.load_state_dict_from_url`` (``TORCH_HOME``),
     and, as in mmengine, local rank 0 downloads before the others look.
+    Unlike torch.hub, the cached file is keyed by the whole URL, not its
+    file name: trust is granted per URL, so the download of another URL
+    with the same file name (refused, or just different weights) must
+    never stand in for this one.
     """
     model_dir = model_dir or osp.join(torch.hub.get_dir(), 'checkpoints')
-    os.makedirs(model_dir, exist_ok=True)
-    cached = osp.join(model_dir, osp.basename(urlparse(url).path))
+    url_key = hashlib.sha256(url.encode()).hexdigest()[:16]
+    file_name = osp.basename(urlparse(url).path)
+    if file_name in ('', '.', '..'):
+        file_name = 'checkpoint.pth'
+    os.makedirs(osp.join(model_dir, url_key), exist_ok=True)
+    cached = osp.join(model_dir, url_key, file_name)
 
     def fetch():
         if not osp.exists(cached):
@@ -127,7 +136,9 @@ def load_from_pavi_safely(filename: str, map_location=None):
         ) from error
     model = modelcloud.get(filename[len('pavi://'):])
     with TemporaryDirectory() as tmp_dir:
-        downloaded = osp.join(tmp_dir, model.name)
+        # The server names the model: an absolute or '..' name must not
+        # choose where the download is written.
+        downloaded = osp.join(tmp_dir, 'checkpoint.pth')
         model.download(downloaded)
         return load_checkpoint_safely(downloaded, map_location, name=filename)
 

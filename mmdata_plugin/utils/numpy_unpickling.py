@@ -24,6 +24,8 @@ from typing import Any, Callable, List, Tuple
 
 import numpy as np
 
+from .allocation_budget import charge
+
 #: numpy kinds whose items are plain bytes: bool, ints, floats, complex.
 PLAIN_KINDS = 'biufc'
 
@@ -133,8 +135,11 @@ class ValidatedArray(np.ndarray):
             raise ForgedNumpyData(
                 f'array of shape {shape} and dtype {dtype} needs {nbytes} '
                 f'bytes, the checkpoint holds {len(data)}')
-        np.ndarray.__setstate__(self,
-                                (1, shape, dtype, is_fortran, bytes(data)))
+        if type(data) is bytearray:
+            # Copied; a memoised bytearray could be copied for every array.
+            charge(nbytes, f'a {dtype} array of shape {shape}')
+            data = bytes(data)
+        np.ndarray.__setstate__(self, (1, shape, dtype, is_fortran, data))
 
 
 def refuse_ndarray_call(*args, **kwargs):

@@ -13,9 +13,7 @@ from typing import List, Optional, Tuple
 
 from .checkpoint_safety import (UnreadableCheckpointError,
                                 load_from_local_safely)
-
-# Every zip archive (the torch >= 1.6 checkpoint format) starts with this.
-_ZIP_MAGIC = b'PK\x03\x04'
+from .pickle_preflight import ZIP_MAGIC
 
 
 def checkpoint_problem(path: str) -> Optional[str]:
@@ -27,7 +25,7 @@ def checkpoint_problem(path: str) -> Optional[str]:
     if not osp.isfile(path):
         return 'the file does not exist'
     with open(path, 'rb') as f:
-        is_zip_archive = f.read(len(_ZIP_MAGIC)) == _ZIP_MAGIC
+        is_zip_archive = f.read(len(ZIP_MAGIC)) == ZIP_MAGIC
     if not is_zip_archive:
         try:
             load_from_local_safely(path, map_location='cpu')

@@ -7,8 +7,12 @@ from collections import OrderedDict
 import numpy as np
 import pytest
 import torch
-from hostile_checkpoints import (HOSTILE_PAYLOADS, RunsShellCommand,
-                                 UsesGetattrGadget, write_hostile_checkpoint)
+from hostile_checkpoints import (ALLOCATING_ENTRIES, HOSTILE_PAYLOADS,
+                                 RunsShellCommand, UsesGetattrGadget,
+                                 history_buffers_sharing_one_list,
+                                 nested_tuples, write_checkpoint_with_entry,
+                                 write_edited_pickle_checkpoint,
+                                 write_hostile_checkpoint)
 from mmengine.logging import HistoryBuffer, MessageHub
 from mmengine.runner.checkpoint import CheckpointLoader, _load_checkpoint
 
@@ -97,6 +101,21 @@ def test_missing_file_error(tmp_path):
         CheckpointLoader.load_checkpoint(str(tmp_path / 'missing.pth'))
 
 
+@pytest.mark.parametrize(
+    'edit',
+    [
+        # A 4-byte int cut after one byte (struct.error in torch's reader).
+        lambda pickled: pickled[:-1] + b'J\x01',
+        # Protocol 4 framing, which torch's reader does not know.
+        lambda pickled: b'\x80\x04\x95' + pickled[2:],
+    ],
+    ids=['cut_int', 'unknown_opcode'])
+def test_malformed_pickle_is_unreadable_naming_the_file(edit, tmp_path):
+    path = write_edited_pickle_checkpoint(str(tmp_path / 'bad.pth'), edit)
+    with pytest.raises(UnreadableCheckpointError, match='bad.pth'):
+        CheckpointLoader.load_checkpoint(path)
+
+
 def test_plain_weights_still_load(tmp_path):
     path = osp.join(tmp_path, 'weights.pth')
     torch.save(dict(state_dict=dict(w=torch.arange(3.))), path)
@@ -136,6 +155,67 @@ def test_forged_numpy_data_is_refused_without_crashing(payload, tmp_path):
     assert os.WEXITSTATUS(status) == 3, output
     assert f'Refusing to load checkpoint "{path}"' in output
     assert 'numpy data numpy itself never writes' in output
+
+
+@pytest.mark.parametrize('as_set_member', [False, True])
+def test_deeply_nested_tuples_are_refused_without_crashing(
+        as_set_member, tmp_path):
+    # Hashing a million nested tuples overflows CPython's C stack.
+    path = write_checkpoint_with_entry(
+        str(tmp_path / 'nested.pth'), nested_tuples(10**6, as_set_member))
+    status, output = _load_in_forked_child(path)
+    assert not os.WIFSIGNALED(status), (
+        f'the load killed the process with signal {os.WTERMSIG(status)}')
+    assert output.startswith('UnreadableCheckpointError'), output
+    assert path in output and 'nests tuples more than 100 deep' in output
+
+
+def test_tuples_nested_within_the_limit_load(tmp_path):
+    path = write_checkpoint_with_entry(
+        str(tmp_path / 'nested.pth'), nested_tuples(100))
+    loaded = CheckpointLoader.load_checkpoint(path)
+    assert loaded.pop('w') == torch.ones(1)
+    (key, value), = loaded.items()
+    assert value == 1 and len(key) == 1
+    path = write_checkpoint_with_entry(
+        str(tmp_path / 'deeper.pth'), nested_tuples(101))
+    with pytest.raises(UnreadableCheckpointError, match='more than 100 deep'):
+        CheckpointLoader.load_checkpoint(path)
+
+
+@pytest.mark.parametrize(
+    'nested, error, match',
+    [(False, UnreadableCheckpointError, 'would allocate'),
+     (True, UnsafeCheckpointError, 'flat list of numbers')],
+    ids=['flat', 'nested'])
+def test_small_file_cannot_make_the_loader_allocate_far_more(
+        nested, error, match, tmp_path):
+    # 1000 rebuilds of one 16384-item list: a ~40 KB file, 256 MiB of arrays.
+    path = str(tmp_path / 'amplifying.pth')
+    torch.save(
+        dict(message_hub=dict(log_scalars=history_buffers_sharing_one_list(
+            1000, 2**14, nested))), path)
+    assert osp.getsize(path) < 64 * 1024
+    with pytest.raises(error, match=match):
+        CheckpointLoader.load_checkpoint(path)
+
+
+@pytest.mark.parametrize('entry', sorted(ALLOCATING_ENTRIES))
+def test_torch_defaults_cannot_allocate_far_more_than_the_file(
+        entry, tmp_path):
+    path = write_checkpoint_with_entry(
+        str(tmp_path / 'amplifying.pth'), ALLOCATING_ENTRIES[entry])
+    assert osp.getsize(path) < 128 * 1024
+    with pytest.raises(UnreadableCheckpointError,
+                       match=r'UnexpectedAllocation|would allocate'):
+        CheckpointLoader.load_checkpoint(path)
+
+
+def test_bytes_and_bytearrays_as_pickle_writes_them_load(tmp_path):
+    path = str(tmp_path / 'bytes.pth')
+    content = [b'ab', b'ab', bytearray(b'xy'), bytearray(), b'']
+    torch.save(dict(meta=content), path)
+    assert CheckpointLoader.load_checkpoint(path)['meta'] == content
 
 
 def test_plain_numpy_content_round_trips_as_plain_numpy(tmp_path):

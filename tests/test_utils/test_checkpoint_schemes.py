@@ -167,10 +167,10 @@ def _petrel(prefix):
     return name
 
 
-def _pavi(checkpoint, served_root, monkeypatch, **_):
+def _pavi(checkpoint, served_root, monkeypatch, model_name=None, **_):
 
     class Model:
-        name = checkpoint
+        name = model_name or checkpoint
 
         def download(self, path):
             shutil.copy(osp.join(served_root, checkpoint), path)
@@ -232,6 +232,37 @@ def test_scheme_refuses_code_in_checkpoint(name_of, served):
     with pytest.raises(UnsafeCheckpointError, match='posix.system'):
         CheckpointLoader.load_checkpoint(name, map_location='cpu')
     assert not served[1].exists()
+
+
+def test_trusting_a_url_never_loads_another_urls_download(
+        served, http_url, tmp_path):
+    """Two URLs, one file name: the refused download of one must not be
+    what the other, trusted, URL loads without restrictions."""
+    root, marker = served
+    for folder, checkpoint in (('evil', 'evil.pth'), ('good', 'good.pth')):
+        os.makedirs(root / folder, exist_ok=True)
+        shutil.copy(root / checkpoint, root / folder / 'model.pth')
+    evil, good = (f'{http_url}/{folder}/model.pth'
+                  for folder in ('evil', 'good'))
+    with pytest.raises(UnsafeCheckpointError):
+        CheckpointLoader.load_checkpoint(evil, map_location='cpu')
+    trust_checkpoint(good)
+    checkpoint = CheckpointLoader.load_checkpoint(good, map_location='cpu')
+    assert not marker.exists()
+    assert torch.equal(checkpoint['state_dict']['w'], torch.arange(3.))
+
+
+def test_pavi_model_name_cannot_write_outside_the_download_folder(
+        served, tmp_path, monkeypatch):
+    escaped = tmp_path / 'escaped.pth'
+    name = _pavi(
+        'good.pth',
+        served[0],
+        monkeypatch,
+        model_name=str(escaped))
+    checkpoint = CheckpointLoader.load_checkpoint(name, map_location='cpu')
+    assert torch.equal(checkpoint['state_dict']['w'], torch.arange(3.))
+    assert not escaped.exists()
 
 
 def test_scheme_trusted_by_name_loads(name_of):
