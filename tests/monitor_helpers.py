@@ -7,6 +7,7 @@ this module) get the same pipeline.
 """
 import hashlib
 import itertools
+import os
 import time
 
 import cv2
@@ -341,12 +342,22 @@ def train(work_dir,
         randomness=dict(seed=0),
         log_level='WARNING')
     runner_cfg.update(cfg)
+    _wait_for_a_free_log_dir(str(work_dir))
     runner = Runner(**runner_cfg)
     try:
         runner.train()
     finally:
         release_workers(runner)
     return runner
+
+
+def _wait_for_a_free_log_dir(work_dir: str) -> None:
+    """mmengine names a run's log dir (and its scalars.json) by the second
+    it starts in: a second run in the same work_dir (a resume) within that
+    second would append to the first run's logs. Wait for the next one."""
+    while os.path.isdir(
+            os.path.join(work_dir, time.strftime('%Y%m%d_%H%M%S'))):
+        time.sleep(0.05)
 
 
 def release_workers(runner) -> None:

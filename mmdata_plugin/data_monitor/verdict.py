@@ -12,6 +12,8 @@ import os
 from statistics import median
 from typing import List, Optional
 
+from .worker_timing import FULL_BATCHES
+
 SCHEMA = 'mmdata_plugin.data_monitor/1'
 MODERATE, HIGH = 0.05, 0.20
 #: A worker whose p90 batch time exceeds the median of all workers' p90 by
@@ -268,6 +270,14 @@ def _other_advice(rank: dict, context: dict) -> List[dict]:
     return advice
 
 
+def stages_measured(rank: dict) -> bool:
+    """Whether a counted batch of ``rank`` was timed in stages (reports
+    of older versions have no count: every batch was)."""
+    sampling = rank.get('sampling')
+    return (sampling is None or not rank.get('batches')
+            or sampling['timed_batches'] > 0)
+
+
 def judge(ranks: List[dict], context: dict) -> dict:
     """The verdict on the worst rank, with its advice.
 
@@ -303,6 +313,12 @@ def judge(ranks: List[dict], context: dict) -> dict:
                  if bottleneck_stderr >= 0.005 else '')
         summary += (f' Bottleneck: {stage_label(bottleneck)} '
                     f'({_pct(bottleneck_share)}{error} of {of}).')
+    if not stages_measured(worst):
+        summary += (' No stage sample yet: none of the counted batches was '
+                    'timed in stages (one batch in K is, after the first '
+                    f'{FULL_BATCHES} of each loading process), so the '
+                    'stage and transform figures are missing, not zero; '
+                    'measure more steps.')
     advice = []
     for topic, text in (('rank', _rank_advice(measured, worst)),
                         ('workers',

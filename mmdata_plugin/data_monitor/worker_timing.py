@@ -139,13 +139,23 @@ class BatchAccumulator:
         self.t_first, self.cpu_first = _perf_counter(), _thread_time()
 
     def register(self, plan: TimingPlan) -> None:
-        """Sample this process's batches with ``plan`` (from now on)."""
+        """Sample this process's batches with ``plan`` (from now on).
+
+        Called at the first fetch of a monitored dataset in this process,
+        which is the first fetch of a batch. A new monitor starts a fresh
+        schedule whatever ran before in the process (an earlier loader's
+        countdown, a plan of a monitor that was never uninstalled, the
+        state a fork inherited): its first :data:`FULL_BATCHES` batches
+        are timed in full, and K is chosen from its own cost.
+        """
         if plan in self.plans:
             return
-        if not self.plans:
-            self.restart_sampling()
+        if not self.stack:  # leftovers of an aborted batch are not ours
+            self.reset()
         self.plans.append(plan)
-        plan.apply(self.timing)
+        self.restart_sampling()
+        for each in self.plans:
+            each.apply(True)
 
     def unregister(self, plan: TimingPlan) -> None:
         if plan not in self.plans:
@@ -188,7 +198,7 @@ class BatchAccumulator:
         more often.
         """
         if self.timing:
-            fixed = self.plans[0].sample_every
+            fixed = self.plans[-1].sample_every  # the newest monitor's
             if fixed is not None:
                 self.every = fixed
             elif self.batches >= FULL_BATCHES - 1:
@@ -391,6 +401,7 @@ def timed_dataset_class(base: type, split_io_decode: bool) -> type:
 
 def _timed_getitem(self, index):
     acc = ACCUMULATOR
+    _register_plan(self, acc)
     if not acc.timing:  # a batch that is not timed: count, nothing else
         acc.samples += 1
         if acc.t_first is None:
@@ -402,6 +413,7 @@ def _timed_getitem(self, index):
 
 def _timed_getitems(self, indices):
     acc = ACCUMULATOR
+    _register_plan(self, acc)
     if not acc.timing:
         acc.samples += len(indices)
         if acc.t_first is None:
@@ -411,11 +423,19 @@ def _timed_getitems(self, indices):
     return timed_call(FETCH, self._dm_base.__getitems__, self, indices)
 
 
-def _begin_timed_fetch(dataset, samples: int) -> None:
-    acc = ACCUMULATOR
+def _register_plan(dataset, acc: BatchAccumulator) -> None:
+    """Register the dataset's plan at its first fetch in this process.
+
+    Whether or not the batch in progress is timed: the countdown may have
+    been left by another monitor, and only registering restarts it.
+    """
     plan = dataset.__dict__.get('_dm_plan')
     if plan is not None and plan not in acc.plans:
-        acc.register(plan)  # the first fetch of this process
+        acc.register(plan)
+
+
+def _begin_timed_fetch(dataset, samples: int) -> None:
+    acc = ACCUMULATOR
     if dataset._dm_probes:
         probes.ensure_installed()
     acc.samples += samples

@@ -227,6 +227,48 @@ def test_sampled_batches_estimate_stages_and_keep_totals_exact():
     assert not hasattr(mmcv.imfrombytes, '_data_monitor_original')
 
 
+@pytest.mark.parametrize('pin', [False, True])
+def test_a_second_monitor_in_the_process_starts_a_fresh_schedule(pin):
+    # Two loaders monitored at once in one process without workers (a
+    # train and a val loader, a benchmark with 0 workers): the first one
+    # leaves its plan and a countdown in the process-wide accumulator, in
+    # the middle of its untimed batches.
+    first = _loader(SleepyDataset(num=48, pipeline=sleepy_pipeline(())))
+    first_monitor = DataLoaderMonitor(
+        first, warmup_iters=0, sample_every=16).install()
+    for taken, _ in enumerate(first, 1):
+        if taken == 12:
+            break
+    assert not ACCUMULATOR.timing  # batch 12 of 16 untimed ones
+    try:
+        second = _loader(
+            SleepyDataset(num=12, pipeline=sleepy_pipeline((1, ))),
+            pin_memory=pin)
+        report = measure_dataloader(second, 6, warmup_iters=0)
+    finally:
+        first_monitor.uninstall()
+    rank = report['ranks'][0]
+    # A fresh schedule: its first batches are all timed in full.
+    assert rank['batches'] == 5  # start-up not counted
+    assert rank['sampling']['timed_batches'] == 5
+    assert set(rank['stages']) == {'io', 'decode', 'fetch', 'collate'}
+    assert rank['transforms']['01_Sleep']['count'] == 5
+    assert 'No stage sample yet' not in report['verdict']['summary']
+    assert ACCUMULATOR.plans == [] and ACCUMULATOR.timing
+
+
+def test_a_report_without_a_timed_batch_says_so():
+    # One batch in 32 timed: the first (start-up, not counted) only.
+    loader = _loader(SleepyDataset(num=12, pipeline=sleepy_pipeline((1, ))))
+    report = measure_dataloader(loader, 6, warmup_iters=0, sample_every=32)
+    rank = report['ranks'][0]
+    assert rank['batches'] == 5
+    assert rank['sampling']['timed_batches'] == 0
+    assert rank['stages'] == {} and rank['transforms'] == {}
+    assert 'No stage sample yet' in report['verdict']['summary']
+    assert 'No stage sample yet' in format_report(report)
+
+
 def test_cheap_samples_are_sampled_by_their_measured_cost():
     dataset = SleepyDataset(num=16, pipeline=sleepy_pipeline(()))
     loader = _loader(dataset)

@@ -105,18 +105,21 @@ def test_matrix_measures_without_changing_batches(tmp_path, reference_batches,
 
 
 def test_verdict_flips_with_the_model_step_and_names_the_stage(tmp_path):
-    # Per batch of 2: read 2x2 ms, transforms 2x1 and 2x8 ms, collate 3 ms
-    # on one worker: ~25 ms, against a 0 ms or a 150 ms model step (wide
-    # margins: the cores are shared).
+    # Per batch of 2: read 2x4 ms, transforms 2x2 and 2x16 ms, collate 6 ms
+    # on one worker: ~50 ms, against a 0 ms or a 500 ms model step (wide
+    # margins: the cores are shared, and load stretches sleeps, CPU work
+    # and the hand-over, but not to 5% of a 500 ms step). Every batch is
+    # timed (sample_every=1), so the stages' self times must add up within
+    # each batch's worker time exactly, not only on average over samples.
     costs = dict(
         num_workers=1,
-        io_ms=2,
-        transform_ms=(1, 8),
-        collate=SleepyCollate(3),
+        io_ms=4,
+        transform_ms=(2, 16),
+        collate=SleepyCollate(6),
         max_iters=14,
-        hook=dict(warmup_iters=2))
+        hook=dict(warmup_iters=2, sample_every=1))
     fast = _report(train(tmp_path / 'fast', step_ms=0, **costs))
-    slow = _report(train(tmp_path / 'slow', step_ms=150, **costs))
+    slow = _report(train(tmp_path / 'slow', step_ms=500, **costs))
 
     assert fast['verdict']['input_bound'] == 'high', fast['verdict']
     assert slow['verdict']['input_bound'] == 'none', slow['verdict']
@@ -124,10 +127,10 @@ def test_verdict_flips_with_the_model_step_and_names_the_stage(tmp_path):
         rank = report['ranks'][0]
         stages, transforms = rank['stages'], rank['transforms']
         # Sleeps are lower bounds; each cost lands in its own stage.
-        assert stages['io']['mean'] >= 4
-        assert transforms['01_Sleep']['mean'] >= 2
-        assert transforms['02_Sleep']['mean'] >= 16
-        assert stages['collate']['mean'] >= 3
+        assert stages['io']['mean'] >= 8
+        assert transforms['01_Sleep']['mean'] >= 4
+        assert transforms['02_Sleep']['mean'] >= 32
+        assert stages['collate']['mean'] >= 6
         assert 0 < stages['decode']['mean'] < stages['io']['mean']
         # Self time: the loader transform is not charged its read/decode.
         assert (transforms['00_LoadImageFromFile']['mean']
