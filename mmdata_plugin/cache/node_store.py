@@ -1,0 +1,677 @@
+"""The node store: one bounded cache directory shared by a node's processes.
+
+Every rank and DataLoader worker on a node (separate processes, fork or
+spawn; no daemon, no shared memory between them) opens the same
+``cache_dir`` with a :class:`NodeStore` and shares its entries and its byte
+budget. Entries live in namespaces (``'remote'`` for downloaded objects,
+``'head'`` for decoded pipeline heads) under keys the caller builds; the
+store hashes a key into a file name and keeps the key itself in its ledger.
+
+Guarantees:
+
+* **Hard budget.** Committed bytes plus in-flight reserved bytes never
+  exceed ``cache_limit``: a producer reserves bytes *before* it writes, a
+  writer that outgrows its reservation grows it first, and a reservation
+  becomes the entry's bytes on publish or is released.
+* **No partial entry.** A producer writes a temp file inside ``cache_dir``;
+  the store checks its size (and the caller's ``validate``) and renames it
+  into place inside the ledger transaction that records it. A ``kill -9`` at
+  any point leaves at most a temp file and the dead writer's reservation;
+  the next reservation by any process reclaims both (temp and counter files
+  carry the writer's ``host:pid:start``; see :mod:`.process_owner`).
+* **Single flight.** Per-key ``fcntl.flock`` lock files: of all processes that
+  miss the same key at once, exactly one produces it, the others wait and
+  read the published entry. The kernel drops a dead process's flock, so no
+  stale lock ever blocks a later run.
+* **Restart reuse.** The ledger (:mod:`.store_ledger`, SQLite in WAL mode)
+  persists; a new run sees every entry. Should the ledger be lost, the
+  entry files it no longer accounts for are deleted when the store opens.
+* **Only its own files.** The store deletes nothing outside its own layout
+  and refuses a ``cache_dir`` that holds anything at its top level unless
+  it already is a store (marker file ``.mmdata_node_store``).
+
+Layout::
+
+    cache_dir/.mmdata_node_store           marker
+    cache_dir/ledger.sqlite(-wal, -shm)    byte ledger
+    cache_dir/entries/<namespace>/<d[:2]>/<d>   published entries
+    cache_dir/locks/<d>.lock                per-key single-flight locks
+    cache_dir/tmp/<owner>+<uuid>.tmp        writes in flight
+    cache_dir/stats/<owner>+<uuid>.counters per-process counters
+
+API (the roles every consumer relies on):
+
+* :meth:`NodeStore.lookup` -- path of a complete entry or None. Hot path of
+  a hit: one ``stat``, no lock, no ledger transaction (the access time for
+  LRU is remembered in memory and written with the process's next ledger
+  transaction). :meth:`NodeStore.read_bytes` reads it in one go.
+* :meth:`NodeStore.get_or_produce` -- single-flight produce-and-publish,
+  returning a :class:`StoreEntry` (``path``, ``admitted``); with
+  ``admit=False`` or when the budget cannot be reserved even after eviction,
+  the producer writes a private temp file that the caller reads and then
+  ``release()``\\ s (its bytes stay reserved until then).
+* :meth:`NodeStore.publish_bytes` -- publish bytes the caller already holds;
+  never waits for another producer.
+* :meth:`NodeStore.reserve` -- a :class:`Reservation` (context manager);
+  raises :class:`CacheBudgetError` when impossible.
+* :meth:`NodeStore.evict`, :meth:`NodeStore.usage` (:class:`StoreUsage`),
+  :meth:`NodeStore.entries`, :meth:`NodeStore.counters`.
+* ``eviction_policy(nbytes) -> Iterable[(namespace, key)]``: who to evict to
+  free ``nbytes``, called inside the ledger transaction (it may call
+  :meth:`NodeStore.entries`); default :meth:`NodeStore.least_recently_used`.
+* Counters per namespace, summed over all processes: ``hits``, ``misses``,
+  ``produced``, ``waited`` (served after waiting for another producer),
+  ``bypassed``, ``evicted_entries``, ``evicted_bytes``.
+
+An entry found by :meth:`lookup` can be evicted by another process before the
+caller opens it (POSIX keeps an opened file readable); callers treat
+``FileNotFoundError`` on open as a miss (:meth:`read_bytes` does).
+"""
+import contextlib
+import errno
+import fcntl
+import hashlib
+import os
+import re
+import time
+import uuid
+from typing import (BinaryIO, Callable, Dict, Iterable, Iterator, NamedTuple,
+                    Optional, Tuple, Union)
+
+from .process_owner import (current_owner, owner_file_name,
+                            owner_from_file_name, owner_is_alive)
+from .size_units import format_size, parse_size
+from .store_counters import Counts, StoreCounters, merge_counts
+from .store_ledger import EntryRow, StoreLedger
+
+MARKER = '.mmdata_node_store'
+_NAMESPACE = re.compile(r'^[a-z][a-z0-9_]{0,31}$')
+# An unlinked lock file that another process still has open: retry its lock.
+_LOCK_RETRIES = 1000
+_TOUCH_FLUSH = 4096
+
+
+class CacheBudgetError(RuntimeError):
+    """The store cannot reserve the bytes asked for, even after eviction."""
+
+
+class StoreUsage(NamedTuple):
+    """Bytes and entries of a store at one moment."""
+    committed_bytes: int
+    inflight_bytes: int
+    entries: int
+    limit: int
+
+
+class StoreEntry:
+    """What :meth:`NodeStore.get_or_produce` returns.
+
+    ``admitted`` is True for a published entry (shared, stays until evicted)
+    and False for a private temp file that only the caller sees: read it,
+    then call :meth:`release` (or use the entry as a context manager), which
+    deletes it and frees its reserved bytes.
+    """
+
+    def __init__(self, path: str, admitted: bool,
+                 reservation: Optional['Reservation'] = None):
+        self.path = path
+        self.admitted = admitted
+        self._reservation = reservation
+
+    def release(self) -> None:
+        if self._reservation is None:
+            return
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+        self._reservation.release()
+        self._reservation = None
+
+    def __enter__(self) -> 'StoreEntry':
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+    def __repr__(self) -> str:
+        return f'StoreEntry({self.path!r}, admitted={self.admitted})'
+
+
+class Reservation:
+    """Bytes held in the budget for a write in flight.
+
+    Use as a context manager: leaving it releases what was not published.
+    """
+
+    def __init__(self, store: 'NodeStore', reservation_id: int, nbytes: int):
+        self.store = store
+        self.id = reservation_id
+        self.nbytes = nbytes
+        self.active = True
+
+    def grow(self, nbytes: int) -> None:
+        """Hold ``nbytes`` in total (evicting if needed) or raise."""
+        if nbytes > self.nbytes:
+            self.store._grow(self, nbytes)
+
+    def release(self) -> None:
+        if self.active:
+            self.store._release(self)
+
+    def __enter__(self) -> 'Reservation':
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+class _ReservedWriter:
+    """File-like object a producer writes into, kept within its reservation."""
+
+    def __init__(self, file: BinaryIO, reservation: Reservation):
+        self._file = file
+        self._reservation = reservation
+        self.written = 0
+
+    def write(self, data) -> int:
+        size = memoryview(data).nbytes
+        if self.written + size > self._reservation.nbytes:
+            # grow by at least a quarter so streaming writes rarely ask
+            self._reservation.grow(
+                max(self.written + size,
+                    self._reservation.nbytes + self._reservation.nbytes // 4))
+        self._file.write(data)
+        self.written += size
+        return size
+
+    def writable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.written
+
+    def flush(self) -> None:
+        self._file.flush()
+
+
+class NodeStore:
+    """A bounded cache directory shared by the processes of one node.
+
+    Args:
+        cache_dir (str): The directory; created if missing. Must be empty or
+            already a store.
+        cache_limit (int | str): Hard byte budget, e.g. ``'200GB'`` or
+            ``'500MiB'`` (see :func:`~.size_units.parse_size`). Every process
+            sharing the directory should pass the same value: each enforces
+            its own when it reserves.
+        eviction_policy (callable, optional): ``f(nbytes)`` yielding
+            ``(namespace, key)`` pairs to evict, best victim first. Defaults
+            to :meth:`least_recently_used`.
+        temp_max_age (float): Seconds after which a temp file or reservation
+            of a process on another host (a store on a shared file system)
+            counts as abandoned. Defaults to 6 hours.
+    """
+
+    def __init__(self,
+                 cache_dir: str,
+                 cache_limit: Union[int, str],
+                 eviction_policy: Optional[Callable[[int], Iterable[Tuple[
+                     str, str]]]] = None,
+                 temp_max_age: float = 6 * 3600):
+        self.cache_dir = os.path.abspath(os.path.expanduser(str(cache_dir)))
+        self.limit = parse_size(cache_limit, 'cache_limit')
+        self.eviction_policy = eviction_policy or self.least_recently_used
+        self.temp_max_age = temp_max_age
+        fresh_ledger = self._claim_directory()
+        self._ledger = StoreLedger(os.path.join(self.cache_dir,
+                                                'ledger.sqlite'))
+        self._counters = StoreCounters(os.path.join(self.cache_dir, 'stats'))
+        self._touched: Dict[str, float] = {}
+        with self._ledger.transaction():
+            self._reclaim_abandoned()
+            if fresh_ledger:
+                self._drop_unaccounted_entries()
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state['_touched'] = {}
+        return state
+
+    def __repr__(self) -> str:
+        return (f'NodeStore({self.cache_dir!r}, '
+                f'cache_limit={format_size(self.limit)!r})')
+
+    # -- directory ----------------------------------------------------------
+
+    def _claim_directory(self) -> bool:
+        """Make ``cache_dir`` a store; True if its ledger does not exist yet.
+
+        The marker is created before anything else, so a concurrent opener
+        sees either an empty directory or the marker, never our own subdirs
+        without it.
+        """
+        os.makedirs(self.cache_dir, exist_ok=True)
+        marker = os.path.join(self.cache_dir, MARKER)
+        if not os.path.isfile(marker):
+            foreign = sorted(name for name in os.listdir(self.cache_dir)
+                             if name != MARKER)
+            if foreign:
+                shown = ', '.join(foreign[:5]) + (', ...'
+                                                  if len(foreign) > 5 else '')
+                raise ValueError(
+                    f'cache_dir {self.cache_dir!r} is not empty and is not a '
+                    f'node store (no {MARKER} file); it holds: {shown}. The '
+                    'store deletes files in its directory, so give it an '
+                    'empty or new directory of its own.')
+            with contextlib.suppress(FileExistsError):
+                os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        fresh = not os.path.exists(
+            os.path.join(self.cache_dir, 'ledger.sqlite'))
+        for sub in ('entries', 'locks', 'tmp', 'stats'):
+            os.makedirs(os.path.join(self.cache_dir, sub), exist_ok=True)
+        return fresh
+
+    @staticmethod
+    def _digest(namespace: str, key: str) -> str:
+        if not _NAMESPACE.match(namespace or ''):
+            raise ValueError(
+                f'namespace {namespace!r} must be 1-32 lowercase letters, '
+                'digits or "_", starting with a letter')
+        if not isinstance(key, str):
+            raise TypeError(f'a store key is a str, got {type(key).__name__}')
+        return hashlib.sha256(f'{namespace}\0{key}'.encode()).hexdigest()[:40]
+
+    def _entry_path(self, namespace: str, digest: str) -> str:
+        return os.path.join(self.cache_dir, 'entries', namespace, digest[:2],
+                            digest)
+
+    def entry_path(self, namespace: str, key: str) -> str:
+        """Where the entry of ``key`` lives when present."""
+        return self._entry_path(namespace, self._digest(namespace, key))
+
+    # -- reading ------------------------------------------------------------
+
+    def lookup(self, namespace: str, key: str) -> Optional[str]:
+        """Path of the complete entry, else None (counts a hit or a miss)."""
+        digest = self._digest(namespace, key)
+        path = self._entry_path(namespace, digest)
+        if os.path.exists(path):
+            self._hit(namespace, digest)
+            return path
+        self._counters.add(namespace, 'misses')
+        return None
+
+    def read_bytes(self, namespace: str, key: str) -> Optional[bytes]:
+        """The entry's bytes, else None (counts a hit or a miss)."""
+        digest = self._digest(namespace, key)
+        try:
+            with open(self._entry_path(namespace, digest), 'rb') as file:
+                data = file.read()
+        except FileNotFoundError:
+            self._counters.add(namespace, 'misses')
+            return None
+        self._hit(namespace, digest)
+        return data
+
+    def _hit(self, namespace: str, digest: str) -> None:
+        self._counters.add(namespace, 'hits')
+        self._touched[digest] = time.time()
+        if len(self._touched) >= _TOUCH_FLUSH:
+            with self._ledger.transaction():
+                self._flush_touched()
+
+    def _flush_touched(self) -> None:
+        if self._touched:
+            touched, self._touched = self._touched, {}
+            self._ledger.touch(touched)
+
+    # -- producing ----------------------------------------------------------
+
+    def get_or_produce(self,
+                       namespace: str,
+                       key: str,
+                       produce: Callable[[BinaryIO], None],
+                       size_hint: int,
+                       validate: Optional[Callable[[str], None]] = None,
+                       admit: bool = True) -> StoreEntry:
+        """Return the entry of ``key``, producing it once if missing.
+
+        Args:
+            namespace (str): Entry namespace.
+            key (str): Entry key.
+            produce (callable): Writes the entry into the file-like object it
+                is given (``write`` only). Raising aborts the entry.
+            size_hint (int): Expected size in bytes, reserved before
+                ``produce`` runs; a writer that outgrows it grows its
+                reservation (or gets :class:`CacheBudgetError`).
+            validate (callable, optional): Called with the temp file's path
+                once written; raise to reject it (nothing is published).
+            admit (bool): False to produce into a private temp file that is
+                not published (the planner's bypass).
+
+        Returns:
+            StoreEntry: ``admitted=True``: the published entry;
+            ``admitted=False``: a private file to read and ``release()``.
+        """
+        digest = self._digest(namespace, key)
+        path = self._entry_path(namespace, digest)
+        if os.path.exists(path):
+            self._hit(namespace, digest)
+            return StoreEntry(path, admitted=True)
+        self._counters.add(namespace, 'misses')
+        if not admit:
+            return self._produce_private(namespace, produce, size_hint,
+                                         validate)
+        with self._key_lock(digest):
+            if os.path.exists(path):
+                self._counters.add(namespace, 'waited')
+                return StoreEntry(path, admitted=True)
+            try:
+                reservation = self._reserve(size_hint,
+                                            entry=(namespace, key, digest))
+            except CacheBudgetError:
+                return self._produce_private(namespace, produce, size_hint,
+                                             validate)
+            with reservation:
+                temp = self._write_temp(produce, reservation, validate)
+                self._publish(reservation, temp, EntryRow(
+                    digest, namespace, key, 0, time.time()))
+        self._counters.add(namespace, 'produced')
+        return StoreEntry(path, admitted=True)
+
+    def publish_bytes(self, namespace: str, key: str,
+                      data: bytes) -> Optional[str]:
+        """Publish ``data`` as the entry of ``key`` unless that is pointless.
+
+        For a caller that already computed the entry (the pipeline head
+        cache): returns the entry's path, or None without waiting when
+        another process is producing the key right now or the budget cannot
+        hold it (counted as ``bypassed``).
+        """
+        digest = self._digest(namespace, key)
+        path = self._entry_path(namespace, digest)
+        with self._key_lock(digest, blocking=False) as locked:
+            if not locked:
+                return None
+            if os.path.exists(path):
+                return path
+            try:
+                reservation = self._reserve(len(data),
+                                            entry=(namespace, key, digest))
+            except CacheBudgetError:
+                self._counters.add(namespace, 'bypassed')
+                return None
+            with reservation:
+                temp = self._write_temp(lambda file: file.write(data),
+                                        reservation, None)
+                self._publish(reservation, temp, EntryRow(
+                    digest, namespace, key, 0, time.time()))
+        self._counters.add(namespace, 'produced')
+        return path
+
+    def _produce_private(self, namespace, produce, size_hint,
+                         validate) -> StoreEntry:
+        self._counters.add(namespace, 'bypassed')
+        reservation = self._reserve_waiting(size_hint)
+        try:
+            temp = self._write_temp(produce, reservation, validate)
+        except BaseException:
+            reservation.release()
+            raise
+        return StoreEntry(temp, admitted=False, reservation=reservation)
+
+    def _reserve_waiting(self, nbytes: int, timeout: float = 300) -> \
+            'Reservation':
+        """Reserve, first without evicting, then waiting for releases."""
+        with contextlib.suppress(CacheBudgetError):
+            return self.reserve(nbytes, evict=False)
+        deadline = time.monotonic() + timeout
+        delay = 0.01
+        while True:
+            try:
+                return self.reserve(nbytes)
+            except CacheBudgetError:
+                if nbytes > self.limit or time.monotonic() > deadline:
+                    raise
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+    def _write_temp(self, produce, reservation: Reservation,
+                    validate) -> str:
+        temp = os.path.join(
+            self.cache_dir, 'tmp',
+            owner_file_name(current_owner(), uuid.uuid4().hex) + '.tmp')
+        try:
+            with open(temp, 'wb') as file:
+                writer = _ReservedWriter(file, reservation)
+                produce(writer)
+            size = os.path.getsize(temp)
+            if size != writer.written:
+                raise OSError(f'{temp}: {writer.written} bytes written but '
+                              f'{size} on disk')
+            if validate is not None:
+                validate(temp)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(temp)
+            raise
+        return temp
+
+    def _publish(self, reservation: Reservation, temp: str,
+                 row: EntryRow) -> None:
+        size = os.path.getsize(temp)
+        final = self._entry_path(row.namespace, row.digest)
+        os.makedirs(os.path.dirname(final), exist_ok=True)
+        try:
+            with self._ledger.transaction():
+                if size > reservation.nbytes:
+                    raise RuntimeError('an entry outgrew its reservation')
+                self._ledger.insert_entry(row._replace(size=size))
+                self._ledger.delete_reservation(reservation.id)
+                # rename inside the transaction: a kill before COMMIT leaves
+                # the reservation (naming this entry) to _reclaim_abandoned
+                os.rename(temp, final)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(temp)
+            raise
+        reservation.active = False
+
+    @contextlib.contextmanager
+    def _key_lock(self, digest: str, blocking: bool = True) -> Iterator[bool]:
+        """flock on the key's lock file; yields whether it was taken.
+
+        The holder unlinks the lock file when done, so lock files do not pile
+        up; a waiter that then gets the lock of an unlinked file retries on
+        the new one (inode check).
+        """
+        path = os.path.join(self.cache_dir, 'locks', digest + '.lock')
+        for _ in range(_LOCK_RETRIES):
+            fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
+            try:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX |
+                                (0 if blocking else fcntl.LOCK_NB))
+                except OSError as error:
+                    if error.errno not in (errno.EAGAIN, errno.EACCES):
+                        raise
+                    yield False
+                    return
+                try:
+                    same = os.stat(path).st_ino == os.fstat(fd).st_ino
+                except FileNotFoundError:
+                    same = False
+                if not same:
+                    continue
+                try:
+                    yield True
+                finally:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(path)
+                return
+            finally:
+                os.close(fd)
+        raise RuntimeError(f'could not lock {path}')
+
+    # -- budget -------------------------------------------------------------
+
+    def reserve(self, nbytes: int, evict: bool = True) -> Reservation:
+        """Hold ``nbytes`` of the budget for a write in flight.
+
+        Args:
+            nbytes (int): Bytes to hold.
+            evict (bool): Evict entries (by ``eviction_policy``) if needed.
+
+        Raises:
+            CacheBudgetError: ``nbytes`` does not fit even after eviction.
+        """
+        return self._reserve(nbytes, evict)
+
+    def _reserve(self, nbytes: int, evict: bool = True,
+                 entry: Optional[Tuple[str, str, str]] = None) -> Reservation:
+        """:meth:`reserve` for the entry ``(namespace, key, digest)``."""
+        if not isinstance(nbytes, int) or nbytes < 0:
+            raise ValueError(f'cannot reserve {nbytes!r} bytes')
+        namespace, key, digest = entry or (None, None, None)
+        with self._ledger.transaction():
+            self._reclaim_abandoned()
+            self._make_room(nbytes, evict)
+            reservation_id = self._ledger.insert_reservation(
+                current_owner(), nbytes, digest, namespace, key)
+        return Reservation(self, reservation_id, nbytes)
+
+    def _grow(self, reservation: Reservation, nbytes: int) -> None:
+        with self._ledger.transaction():
+            self._make_room(nbytes - reservation.nbytes, evict=True)
+            self._ledger.resize_reservation(reservation.id, nbytes)
+        reservation.nbytes = nbytes
+
+    def _release(self, reservation: Reservation) -> None:
+        with self._ledger.transaction():
+            self._ledger.delete_reservation(reservation.id)
+        reservation.active = False
+
+    def _make_room(self, nbytes: int, evict: bool) -> None:
+        """Evict until ``nbytes`` more fit (inside a transaction) or raise."""
+        self._flush_touched()
+        used = self._ledger.committed_bytes() + self._ledger.inflight_bytes()
+        missing = used + nbytes - self.limit
+        if missing <= 0:
+            return
+        if nbytes > self.limit:
+            raise CacheBudgetError(
+                f'{format_size(nbytes)} cannot fit in cache_limit='
+                f'{format_size(self.limit)} of {self.cache_dir}')
+        victims = []
+        freed = 0
+        if evict:
+            for namespace, key in self.eviction_policy(missing):
+                row = self._ledger.entry(self._digest(namespace, key))
+                if row is None:
+                    continue
+                victims.append(row)
+                freed += row.size
+                if freed >= missing:
+                    break
+        if freed < missing:
+            raise CacheBudgetError(
+                f'{format_size(nbytes)} do not fit in {self.cache_dir}: '
+                f'{format_size(used)} of {format_size(self.limit)} are '
+                f'committed or in flight and eviction frees only '
+                f'{format_size(freed)}')
+        for row in victims:
+            self._evict_row(row)
+
+    def _evict_row(self, row: EntryRow) -> int:
+        size = self._ledger.delete_entry(row.digest)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self._entry_path(row.namespace, row.digest))
+        self._counters.add(row.namespace, 'evicted_entries')
+        self._counters.add(row.namespace, 'evicted_bytes', size)
+        return size
+
+    def evict(self, namespace: str, key: str) -> int:
+        """Remove the entry of ``key``; returns the bytes freed (0 if none)."""
+        digest = self._digest(namespace, key)
+        with self._ledger.transaction():
+            row = self._ledger.entry(digest)
+            return self._evict_row(row) if row else 0
+
+    def least_recently_used(self, nbytes: int) -> Iterator[Tuple[str, str]]:
+        """Default eviction policy: entries by last access, oldest first."""
+        for row in self._ledger.entries(by_access=True):
+            yield row.namespace, row.key
+
+    # -- recovery -----------------------------------------------------------
+
+    def _reclaim_abandoned(self) -> None:
+        """Undo what dead processes left (inside a transaction).
+
+        A dead writer's reservation is dropped; if it died between renaming
+        its entry into place and committing, the complete entry is adopted
+        (its size fits the reservation it replaces). Its temp files and
+        counter files go too (counts kept in the ledger).
+        """
+        def dead(owner, created):
+            return not owner_is_alive(owner, created, self.temp_max_age)
+
+        for row in self._ledger.reservations():
+            if not dead(row.owner, row.created):
+                continue
+            self._ledger.delete_reservation(row.id)
+            if row.digest is None or self._ledger.entry(row.digest):
+                continue
+            path = self._entry_path(row.namespace, row.digest)
+            if os.path.exists(path):
+                self._ledger.insert_entry(EntryRow(
+                    row.digest, row.namespace, row.key,
+                    os.path.getsize(path), time.time()))
+        tmp = os.path.join(self.cache_dir, 'tmp')
+        for name in os.listdir(tmp):
+            path = os.path.join(tmp, name)
+            owner = owner_from_file_name(name)
+            with contextlib.suppress(FileNotFoundError):
+                if owner is None or dead(owner, os.path.getmtime(path)):
+                    os.unlink(path)
+
+        def counters_dead(name):
+            owner = owner_from_file_name(name)
+            return owner is not None and dead(owner, time.time())
+
+        self._ledger.add_retired_counters(self._counters.retire(counters_dead))
+
+    def _drop_unaccounted_entries(self) -> None:
+        """Delete entry files the (new) ledger does not know (inside a tx)."""
+        root = os.path.join(self.cache_dir, 'entries')
+        for directory, _, names in os.walk(root):
+            for name in names:
+                if self._ledger.entry(name) is None:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(os.path.join(directory, name))
+
+    # -- reporting ----------------------------------------------------------
+
+    def usage(self) -> StoreUsage:
+        """Committed and in-flight bytes, entry count and limit."""
+        with self._ledger.transaction():  # one snapshot for all three
+            return StoreUsage(self._ledger.committed_bytes(),
+                              self._ledger.inflight_bytes(),
+                              self._ledger.entry_count(), self.limit)
+
+    def entries(self, namespace: Optional[str] = None) -> Iterator[EntryRow]:
+        """The published entries (``digest, namespace, key, size,
+        last_access``); usable inside ``eviction_policy``."""
+        return self._ledger.entries(namespace)
+
+    def counters(self, namespace: Optional[str] = None) -> Counts:
+        """Counters summed over every process that used this directory.
+
+        Returns ``{namespace: {counter: value}}`` (or one namespace's dict).
+        """
+        with self._ledger.transaction():
+            self._reclaim_abandoned()
+            total = merge_counts(self._ledger.retired_counters(),
+                                 self._counters.live_counts())
+        if namespace is not None:
+            return merge_counts({}, {namespace: total.get(namespace, {})
+                                     })[namespace]
+        return total

@@ -1,0 +1,234 @@
+"""The byte ledger of a node store: a SQLite database in WAL mode.
+
+It holds one row per published entry (size, last access), one row per
+in-flight reservation (owner process, bytes, the entry it will become) and
+the committed byte total. Every change goes through :meth:`transaction`
+(``BEGIN IMMEDIATE``: one writer at a time on the node, readers never
+blocked), so a process killed mid-change leaves the ledger as it was before
+the change. SQLite releases its locks when a process dies, so no stale lock
+can block a later run.
+
+Each process opens its own connection (again after a fork: a SQLite
+connection must not cross a fork).
+"""
+import contextlib
+import os
+import sqlite3
+import threading
+import time
+from typing import Dict, Iterator, List, NamedTuple, Optional
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS entries (
+    digest TEXT PRIMARY KEY, namespace TEXT NOT NULL, key TEXT NOT NULL,
+    size INTEGER NOT NULL, last_access REAL NOT NULL);
+CREATE INDEX IF NOT EXISTS entries_by_access ON entries (last_access);
+CREATE TABLE IF NOT EXISTS reservations (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, owner TEXT NOT NULL,
+    nbytes INTEGER NOT NULL, created REAL NOT NULL,
+    digest TEXT, namespace TEXT, key TEXT);
+CREATE TABLE IF NOT EXISTS totals (name TEXT PRIMARY KEY, value INTEGER);
+INSERT OR IGNORE INTO totals VALUES ('committed', 0);
+CREATE TABLE IF NOT EXISTS retired_counters (
+    namespace TEXT, name TEXT, value INTEGER,
+    PRIMARY KEY (namespace, name));
+"""
+
+
+class EntryRow(NamedTuple):
+    """One published entry as the ledger records it."""
+    digest: str
+    namespace: str
+    key: str
+    size: int
+    last_access: float
+
+
+class ReservationRow(NamedTuple):
+    """One in-flight reservation."""
+    id: int
+    owner: str
+    nbytes: int
+    created: float
+    digest: Optional[str]
+    namespace: Optional[str]
+    key: Optional[str]
+
+
+class StoreLedger:
+    """Connection to ``<cache_dir>/ledger.sqlite``.
+
+    Args:
+        path (str): Database file.
+    """
+
+    def __init__(self, path: str):
+        self.path = path
+        self._pid = None
+        self._connection = None
+        self._lock = threading.RLock()
+        self._depth = 0
+
+    def __getstate__(self):
+        return {'path': self.path}
+
+    def __setstate__(self, state):
+        self.__init__(state['path'])
+
+    @property
+    def connection(self) -> sqlite3.Connection:
+        if self._pid != os.getpid():
+            self._connection = self._connect()
+            self._pid = os.getpid()
+            self._depth = 0
+        return self._connection
+
+    def _connect(self) -> sqlite3.Connection:
+        connection = sqlite3.connect(
+            self.path, timeout=120, isolation_level=None,
+            check_same_thread=False)
+        for attempt in range(50):
+            try:
+                connection.execute('PRAGMA journal_mode=WAL')
+                break
+            except sqlite3.OperationalError:  # another process converts it
+                time.sleep(0.05 * (attempt + 1))
+        connection.execute('PRAGMA synchronous=NORMAL')
+        with self._begin(connection):
+            for statement in _SCHEMA.split(';'):
+                if statement.strip():
+                    connection.execute(statement)
+        return connection
+
+    @contextlib.contextmanager
+    def _begin(self, connection):
+        connection.execute('BEGIN IMMEDIATE')
+        try:
+            yield connection
+        except BaseException:
+            connection.execute('ROLLBACK')
+            raise
+        connection.execute('COMMIT')
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """Exclusive write transaction; nested calls join the outer one."""
+        with self._lock:
+            connection = self.connection
+            if self._depth:
+                self._depth += 1
+                try:
+                    yield connection
+                finally:
+                    self._depth -= 1
+                return
+            self._depth = 1
+            try:
+                with self._begin(connection):
+                    yield connection
+            finally:
+                self._depth = 0
+
+    # -- queries (inside or outside a transaction) -------------------------
+
+    def committed_bytes(self) -> int:
+        return self.connection.execute(
+            "SELECT value FROM totals WHERE name='committed'").fetchone()[0]
+
+    def inflight_bytes(self) -> int:
+        return self.connection.execute(
+            'SELECT COALESCE(SUM(nbytes), 0) FROM reservations').fetchone()[0]
+
+    def entry_count(self) -> int:
+        return self.connection.execute(
+            'SELECT COUNT(*) FROM entries').fetchone()[0]
+
+    def entry(self, digest: str) -> Optional[EntryRow]:
+        row = self.connection.execute(
+            'SELECT * FROM entries WHERE digest=?', (digest, )).fetchone()
+        return EntryRow(*row) if row else None
+
+    def entries(self, namespace: Optional[str] = None,
+                by_access: bool = False) -> Iterator[EntryRow]:
+        query = 'SELECT * FROM entries'
+        args = ()
+        if namespace is not None:
+            query += ' WHERE namespace=?'
+            args = (namespace, )
+        if by_access:
+            query += ' ORDER BY last_access'
+        for row in self.connection.execute(query, args):
+            yield EntryRow(*row)
+
+    def reservations(self) -> List[ReservationRow]:
+        return [
+            ReservationRow(*row) for row in self.connection.execute(
+                'SELECT * FROM reservations')
+        ]
+
+    def reservation_bytes(self, reservation_id: int) -> Optional[int]:
+        row = self.connection.execute(
+            'SELECT nbytes FROM reservations WHERE id=?',
+            (reservation_id, )).fetchone()
+        return row[0] if row else None
+
+    def retired_counters(self) -> Dict[str, Dict[str, int]]:
+        counts: Dict[str, Dict[str, int]] = {}
+        for namespace, name, value in self.connection.execute(
+                'SELECT * FROM retired_counters'):
+            counts.setdefault(namespace, {})[name] = value
+        return counts
+
+    # -- changes (inside a transaction) ------------------------------------
+
+    def add_committed(self, delta: int) -> None:
+        self.connection.execute(
+            "UPDATE totals SET value=value+? WHERE name='committed'",
+            (delta, ))
+
+    def insert_entry(self, row: EntryRow) -> None:
+        """Insert or replace an entry, keeping the committed total right."""
+        old = self.entry(row.digest)
+        self.connection.execute(
+            'INSERT OR REPLACE INTO entries VALUES (?, ?, ?, ?, ?)', row)
+        self.add_committed(row.size - (old.size if old else 0))
+
+    def delete_entry(self, digest: str) -> int:
+        """Delete an entry's row; returns its size (0 if absent)."""
+        old = self.entry(digest)
+        if old is None:
+            return 0
+        self.connection.execute('DELETE FROM entries WHERE digest=?',
+                                (digest, ))
+        self.add_committed(-old.size)
+        return old.size
+
+    def touch(self, accesses: Dict[str, float]) -> None:
+        self.connection.executemany(
+            'UPDATE entries SET last_access=max(last_access, ?) '
+            'WHERE digest=?', [(t, d) for d, t in accesses.items()])
+
+    def insert_reservation(self, owner: str, nbytes: int,
+                           digest: Optional[str], namespace: Optional[str],
+                           key: Optional[str]) -> int:
+        cursor = self.connection.execute(
+            'INSERT INTO reservations (owner, nbytes, created, digest, '
+            'namespace, key) VALUES (?, ?, ?, ?, ?, ?)',
+            (owner, nbytes, time.time(), digest, namespace, key))
+        return cursor.lastrowid
+
+    def resize_reservation(self, reservation_id: int, nbytes: int) -> None:
+        self.connection.execute('UPDATE reservations SET nbytes=? WHERE id=?',
+                                (nbytes, reservation_id))
+
+    def delete_reservation(self, reservation_id: int) -> None:
+        self.connection.execute('DELETE FROM reservations WHERE id=?',
+                                (reservation_id, ))
+
+    def add_retired_counters(self, counts: Dict[str, Dict[str, int]]) -> None:
+        self.connection.executemany(
+            'INSERT INTO retired_counters VALUES (?, ?, ?) '
+            'ON CONFLICT (namespace, name) DO UPDATE SET value=value+?',
+            [(namespace, name, value, value)
+             for namespace, values in counts.items()
+             for name, value in values.items() if value])

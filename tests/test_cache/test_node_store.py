@@ -1,0 +1,294 @@
+"""NodeStore: single flight, kill -9 safety, hard budget, restart reuse."""
+import multiprocessing
+import os
+import os.path as osp
+import signal
+import sqlite3
+import threading
+import time
+
+import pytest
+
+from mmdata_plugin.cache import (CacheBudgetError, NodeStore, format_size,
+                                 parse_size)
+
+_FORK = multiprocessing.get_context('fork')
+
+
+def _payload(key: str, size: int = 2000) -> bytes:
+    return (key.encode() * (size // max(len(key), 1) + 1))[:size]
+
+
+def _store_files_bytes(cache_dir: str) -> int:
+    """Bytes of entries and temp files on disk (what the budget covers)."""
+    total = 0
+    for sub in ('entries', 'tmp'):
+        for directory, _, names in os.walk(osp.join(cache_dir, sub)):
+            for name in names:
+                try:
+                    total += os.path.getsize(osp.join(directory, name))
+                except FileNotFoundError:
+                    pass
+    return total
+
+
+def _produce_keys(cache_dir, limit, keys, log_path, barrier):
+    store = NodeStore(cache_dir, limit)
+    barrier.wait()
+    for key in keys:
+
+        def produce(file, key=key):
+            with open(log_path, 'a') as log:
+                log.write(key + '\n')
+            time.sleep(0.02)  # widen the race window
+            file.write(_payload(key))
+
+        entry = store.get_or_produce('remote', key, produce, 2000)
+        with open(entry.path, 'rb') as file:
+            assert file.read() == _payload(key)
+
+
+def test_parse_size():
+    assert parse_size('200GB') == 200 * 10**9
+    assert parse_size('500MiB') == 500 * 2**20
+    assert parse_size('1.5 gb') == 1_500_000_000
+    assert parse_size(1234) == 1234
+    with pytest.raises(ValueError, match='cache_limit'):
+        parse_size('12 parsecs', 'cache_limit')
+    with pytest.raises(ValueError, match='negative'):
+        parse_size(-1)
+    assert format_size(3 * 2**20) == '3.0 MiB'
+
+
+def test_single_flight_across_processes(tmp_path):
+    cache_dir = str(tmp_path / 'store')
+    log_path = str(tmp_path / 'produced.log')
+    keys = [f'k{i}' for i in range(8)]
+    barrier = _FORK.Barrier(4)
+    workers = [
+        _FORK.Process(target=_produce_keys,
+                      args=(cache_dir, '10MB', keys[i:] + keys[:i], log_path,
+                            barrier)) for i in range(4)
+    ]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(60)
+        assert worker.exitcode == 0
+    with open(log_path) as log:
+        produced = log.read().split()
+    assert sorted(produced) == sorted(keys)  # exactly one produce per key
+    store = NodeStore(cache_dir, '10MB')
+    counts = store.counters('remote')
+    assert counts['produced'] == len(keys)
+    assert counts['hits'] + counts['waited'] == 3 * len(keys)
+    assert os.listdir(osp.join(cache_dir, 'locks')) == []
+
+
+def _write_then_hang(cache_dir, started):
+
+    def produce(file):
+        file.write(b'x' * 1000)
+        file.flush()
+        started.set()
+        time.sleep(60)
+
+    NodeStore(cache_dir, 100_000).get_or_produce('remote', 'k', produce, 5000)
+
+
+def _kill_after_rename(cache_dir):
+    real_rename = os.rename
+
+    def rename_then_die(src, dst):
+        real_rename(src, dst)
+        os.kill(os.getpid(), signal.SIGKILL)  # before the ledger commits
+
+    os.rename = rename_then_die
+    NodeStore(cache_dir, 100_000).get_or_produce(
+        'remote', 'k', lambda file: file.write(_payload('k')), 2000)
+
+
+def test_kill_mid_write_leaves_no_entry_and_is_cleaned(tmp_path):
+    cache_dir = str(tmp_path / 'store')
+    started = _FORK.Event()
+    writer = _FORK.Process(target=_write_then_hang, args=(cache_dir, started))
+    writer.start()
+    assert started.wait(30)
+    os.kill(writer.pid, signal.SIGKILL)
+    writer.join(10)
+    assert len(os.listdir(osp.join(cache_dir, 'tmp'))) == 1
+    store = NodeStore(cache_dir, 100_000)  # opening reclaims
+    assert store.lookup('remote', 'k') is None
+    assert os.listdir(osp.join(cache_dir, 'tmp')) == []
+    assert store.usage().inflight_bytes == 0
+    entry = store.get_or_produce('remote', 'k',
+                                 lambda file: file.write(_payload('k')), 2000)
+    with open(entry.path, 'rb') as file:
+        assert file.read() == _payload('k')
+    assert store.usage()[:3] == (2000, 0, 1)
+
+
+def test_kill_between_rename_and_commit_adopts_complete_entry(tmp_path):
+    cache_dir = str(tmp_path / 'store')
+    writer = _FORK.Process(target=_kill_after_rename, args=(cache_dir, ))
+    writer.start()
+    writer.join(30)
+    assert writer.exitcode == -signal.SIGKILL
+    store = NodeStore(cache_dir, 100_000)
+    assert store.usage()[:3] == (2000, 0, 1)  # adopted, within budget
+    assert store.read_bytes('remote', 'k') == _payload('k')
+
+
+def _fill_randomly(cache_dir, limit, seed, barrier):
+    store = NodeStore(cache_dir, limit)
+    barrier.wait()
+    for i in range(40):
+        size = 1000 + (seed * 7919 + i * 104729) % 9000
+        key = f'{seed}-{i}'
+
+        def produce(file, size=size):
+            for _ in range(4):  # a streaming writer that grows its reservation
+                file.write(b'y' * (size // 4))
+
+        entry = store.get_or_produce('remote', key, produce, size // 2,
+                                     admit=i % 5 != 0)
+        entry.release()
+
+
+def test_budget_never_exceeded_including_inflight(tmp_path):
+    cache_dir = str(tmp_path / 'store')
+    limit = 30_000
+    NodeStore(cache_dir, limit)
+    barrier = _FORK.Barrier(4)
+    workers = [
+        _FORK.Process(target=_fill_randomly,
+                      args=(cache_dir, limit, seed, barrier))
+        for seed in range(3)
+    ]
+    for worker in workers:
+        worker.start()
+    barrier.wait()
+    store = NodeStore(cache_dir, limit)
+    peak = 0
+    while any(worker.is_alive() for worker in workers):
+        usage = store.usage()
+        assert usage.committed_bytes + usage.inflight_bytes <= limit
+        # holding the ledger's write lock freezes publishes and evictions, so
+        # the walk sees one moment; writers only write within reservations
+        with store._ledger.transaction():
+            peak = max(peak, _store_files_bytes(cache_dir))
+        assert peak <= limit
+        time.sleep(0.005)  # let the writers have the ledger
+    for worker in workers:
+        assert worker.exitcode == 0
+    usage = store.usage()
+    assert usage.inflight_bytes == 0
+    assert usage.committed_bytes == _store_files_bytes(cache_dir) <= limit
+    counts = store.counters('remote')
+    assert counts['evicted_entries'] > 0 and counts['bypassed'] >= 24
+
+
+def test_restart_reuses_entries(tmp_path):
+    cache_dir = str(tmp_path / 'store')
+    store = NodeStore(cache_dir, '1MB')
+    for key in ('a', 'b'):
+        store.publish_bytes('head', key, _payload(key))
+    reopened = NodeStore(cache_dir, '1MB')
+    assert reopened.read_bytes('head', 'a') == _payload('a')
+    assert reopened.usage()[:3] == (4000, 0, 2)
+    calls = []
+    reopened.get_or_produce('head', 'b', calls.append, 10)
+    assert calls == []
+
+
+def test_lost_ledger_drops_unaccounted_entries(tmp_path):
+    cache_dir = str(tmp_path / 'store')
+    NodeStore(cache_dir, '1MB').publish_bytes('head', 'a', b'abc')
+    for name in os.listdir(cache_dir):
+        if name.startswith('ledger.sqlite'):
+            os.unlink(osp.join(cache_dir, name))
+    store = NodeStore(cache_dir, '1MB')
+    assert store.lookup('head', 'a') is None
+    assert store.usage().committed_bytes == 0 == _store_files_bytes(cache_dir)
+
+
+def test_refuses_foreign_directory(tmp_path):
+    foreign = tmp_path / 'data'
+    foreign.mkdir()
+    (foreign / 'train.txt').write_text('precious')
+    with pytest.raises(ValueError, match='train.txt'):
+        NodeStore(str(foreign), '1MB')
+    assert (foreign / 'train.txt').read_text() == 'precious'
+    empty = tmp_path / 'empty'
+    empty.mkdir()
+    NodeStore(str(empty), '1MB')
+    NodeStore(str(empty), '1MB')  # already a store
+
+
+def test_lru_eviction_and_custom_policy(tmp_path):
+    store = NodeStore(str(tmp_path / 'store'), 3000)
+    for key in 'abc':
+        store.publish_bytes('head', key, _payload(key, 1000))
+    store.read_bytes('head', 'a')  # b is now the least recently used
+    store.publish_bytes('head', 'd', _payload('d', 1000))
+    assert [store.lookup('head', k) is not None for k in 'abcd'] == \
+        [True, False, True, True]
+    store.eviction_policy = lambda nbytes: iter([('head', 'd')])
+    store.publish_bytes('head', 'e', _payload('e', 1000))
+    assert store.lookup('head', 'd') is None
+    assert store.lookup('head', 'a') is not None
+    store.eviction_policy = lambda nbytes: iter([])
+    with pytest.raises(CacheBudgetError, match='do not fit'):
+        store.reserve(10)
+    with pytest.raises(CacheBudgetError, match='cannot fit'):
+        store.reserve(5000)
+
+
+def test_validation_failure_publishes_nothing(tmp_path):
+    store = NodeStore(str(tmp_path / 'store'), '1MB')
+
+    def reject(path):
+        raise ValueError(f'bad checksum for {path}')
+
+    with pytest.raises(ValueError, match='checksum'):
+        store.get_or_produce('remote', 'k', lambda f: f.write(b'zz'), 2,
+                             validate=reject)
+    assert store.lookup('remote', 'k') is None
+    assert store.usage()[:2] == (0, 0)
+    assert os.listdir(osp.join(store.cache_dir, 'tmp')) == []
+
+
+def test_bypass_private_file_counts_until_released(tmp_path):
+    store = NodeStore(str(tmp_path / 'store'), '1MB')
+    entry = store.get_or_produce('remote', 'k', lambda f: f.write(b'q' * 99),
+                                 99, admit=False)
+    assert not entry.admitted and store.lookup('remote', 'k') is None
+    assert store.usage().inflight_bytes == 99
+    with entry:
+        with open(entry.path, 'rb') as file:
+            assert file.read() == b'q' * 99
+    assert not osp.exists(entry.path)
+    assert store.usage().inflight_bytes == 0
+
+
+def test_threads_share_one_store(tmp_path):
+    store = NodeStore(str(tmp_path / 'store'), '1MB')
+    produced = []
+
+    def produce(file):
+        produced.append(1)
+        time.sleep(0.05)
+        file.write(b'v' * 10)
+
+    threads = [
+        threading.Thread(target=store.get_or_produce,
+                         args=('remote', 'k', produce, 10)) for _ in range(4)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(produced) == 1
+    with pytest.raises(ValueError, match='namespace'):
+        store.lookup('Bad/Name', 'k')
+    assert isinstance(store._ledger.connection, sqlite3.Connection)
