@@ -61,7 +61,10 @@ API (the roles every consumer relies on):
   :meth:`NodeStore.entries`); default :meth:`NodeStore.least_recently_used`.
 * Counters per namespace, summed over all processes: ``hits``, ``misses``,
   ``produced``, ``waited`` (served after waiting for another producer),
-  ``bypassed``, ``evicted_entries``, ``evicted_bytes``.
+  ``bypassed``, ``evicted_entries``, ``evicted_bytes``; and two that callers
+  add with :meth:`NodeStore.count`, since only they know the cost of
+  producing: ``produced_bytes`` (e.g. bytes downloaded) and ``wait_us``
+  (microseconds readers waited for an entry).
 
 An entry found by :meth:`lookup` can be evicted by another process before the
 caller opens it (POSIX keeps an opened file readable); callers treat
@@ -661,6 +664,11 @@ class NodeStore:
         """The published entries (``digest, namespace, key, size,
         last_access``); usable inside ``eviction_policy``."""
         return self._ledger.entries(namespace)
+
+    def count(self, namespace: str, name: str, value: int = 1) -> None:
+        """Add ``value`` to this process's counter ``name`` of
+        ``namespace`` (see ``COUNTER_NAMES`` in :mod:`.store_counters`)."""
+        self._counters.add(namespace, name, int(value))
 
     def counters(self, namespace: Optional[str] = None) -> Counts:
         """Counters summed over every process that used this directory.

@@ -18,7 +18,8 @@ import numpy as np
 from .process_owner import current_owner, owner_file_name
 
 COUNTER_NAMES = ('hits', 'misses', 'produced', 'waited', 'bypassed',
-                 'evicted_entries', 'evicted_bytes')
+                 'evicted_entries', 'evicted_bytes', 'produced_bytes',
+                 'wait_us')
 MAX_NAMESPACES = 32
 _SUFFIX = '.counters'
 
