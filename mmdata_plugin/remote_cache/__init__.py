@@ -5,11 +5,12 @@ downloads ahead of the readers and keeps what is read again soonest
 (Belady with bypass) under the node store's hard byte budget.
 """
 from .cache_simulator import simulate
+from .node_cache_backend import NodeCacheBackend
 from .node_stream import NodeStream
 from .sample_order import UnplannableSampler, sample_order_of
 from .stream_planner import StreamPlanner
 
 __all__ = [
-    'NodeStream', 'StreamPlanner', 'UnplannableSampler', 'sample_order_of',
+    'NodeCacheBackend', 'NodeStream', 'StreamPlanner', 'UnplannableSampler', 'sample_order_of',
     'simulate'
 ]

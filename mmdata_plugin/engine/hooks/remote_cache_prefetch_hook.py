@@ -1,0 +1,247 @@
+"""RemoteCachePrefetchHook: one prefetcher per node that knows the future."""
+import logging
+import math
+import time
+from typing import List, Optional, Sequence, Union
+
+from mmengine.dist import (broadcast_object_list, get_dist_info,
+                           get_local_rank, get_local_size)
+from mmengine.hooks import Hook
+from mmengine.logging import print_log
+from mmengine.registry import HOOKS
+
+from ...cache.size_units import parse_size
+from ...remote_cache.consumption_cursors import CursorWriter
+from ...remote_cache.node_stream import NodeStream
+from ...remote_cache.prefetch_process import PrefetchProcess, PrefetchSpec
+from ...remote_cache.sample_order import sample_order_of
+
+
+def find_node_cache_args(dataset) -> Optional[dict]:
+    """The ``backend_args`` of the first transform of ``dataset``'s
+    pipeline that reads through the ``node_cache`` backend."""
+    pending = [getattr(dataset, 'pipeline', None)]
+    while pending:
+        item = pending.pop()
+        if item is None:
+            continue
+        args = getattr(item, 'backend_args', None)
+        if isinstance(args, dict) and args.get('backend') == 'node_cache':
+            return args
+        children = getattr(item, 'transforms', None)
+        if isinstance(children, (list, tuple)):
+            pending.extend(children)
+    return None
+
+
+def _base_dataset(dataset):
+    seen = 0
+    while not hasattr(dataset, 'get_data_info') and seen < 8:
+        dataset, seen = getattr(dataset, 'dataset', None), seen + 1
+    return dataset
+
+
+class _SampleUrls:
+    """``sample id -> files it reads``, from the dataset's data infos."""
+
+    def __init__(self, dataset, path_keys: Sequence[str]) -> None:
+        self.dataset = dataset
+        self.path_keys = tuple(path_keys)
+
+    def __call__(self, sample: int) -> List[str]:
+        info = self.dataset.get_data_info(sample)
+        return [
+            info[key] for key in self.path_keys
+            if isinstance(info.get(key), str)
+        ]
+
+
+@HOOKS.register_module()
+class RemoteCachePrefetchHook(Hook):
+    """Download the node's next samples ahead and keep what is read again
+    soonest, under the node cache's byte budget.
+
+    The train dataset reads through ``backend_args=dict(backend=
+    'node_cache', remote=..., cache_dir=..., cache_limit=...)`` (see
+    :class:`~mmdata_plugin.remote_cache.node_cache_backend.NodeCacheBackend`);
+    this hook finds those arguments in the pipeline. On every rank it
+    publishes the rank's position in the sample stream after each batch; on
+    the first rank of each node it forks one prefetch process that computes
+    the node's future reads from the sampler's own order math (seed, epoch,
+    position), downloads them ahead with as many requests in flight as the
+    measured latency needs, and keeps or drops each sample by furthest next
+    use (Belady with bypass). Works with the fast-resume loops and mmengine's
+    loops, persistent workers included; after a resume (other world size
+    too) it plans from the resumed position and reuses the files on disk.
+
+    Args:
+        path_keys (Sequence[str]): Data-info keys holding the files a
+            sample reads. Defaults to ``('img_path', 'seg_map_path')``.
+        prefetch_reserve (int | str | float): Part of ``cache_limit`` held
+            for downloads ahead of the readers (bytes, ``'2GB'``, or a
+            fraction of the limit). Defaults to 0.1.
+        max_inflight (int): Most downloads at once. Defaults to 64.
+        horizon_epochs (float): Look-ahead for next uses, in epochs (passes
+            of the dataset for infinite samplers). Two see every reuse.
+            Defaults to 2.
+        max_horizon (int): Cap of the look-ahead in samples (memory: ~40
+            bytes each). Defaults to 2**23.
+        cache_dir, cache_limit, remote: Override the pipeline's
+            ``node_cache`` arguments (normally left unset).
+    """
+
+    priority = 'VERY_HIGH'
+
+    def __init__(self,
+                 path_keys: Sequence[str] = ('img_path', 'seg_map_path'),
+                 prefetch_reserve: Union[int, str, float] = 0.1,
+                 max_inflight: int = 64,
+                 horizon_epochs: float = 2,
+                 max_horizon: int = 1 << 23,
+                 cache_dir: Optional[str] = None,
+                 cache_limit: Union[int, str, None] = None,
+                 remote: Optional[dict] = None) -> None:
+        if max_inflight < 1 or horizon_epochs <= 0 or max_horizon < 1:
+            raise ValueError(
+                'RemoteCachePrefetchHook needs max_inflight >= 1, '
+                'horizon_epochs > 0 and max_horizon >= 1, got '
+                f'{max_inflight}, {horizon_epochs}, {max_horizon}')
+        self.path_keys = tuple(path_keys)
+        self.prefetch_reserve = prefetch_reserve
+        self.max_inflight = max_inflight
+        self.horizon_epochs = horizon_epochs
+        self.max_horizon = max_horizon
+        self.overrides = dict(cache_dir=cache_dir, cache_limit=cache_limit,
+                              remote=remote)
+        self.process: Optional[PrefetchProcess] = None
+        self._writer: Optional[CursorWriter] = None
+        self._loader = None
+        self._infinite: Optional[bool] = None
+
+    # -- setup ----------------------------------------------------------------
+
+    def _cache_args(self, dataset) -> dict:
+        args = dict(find_node_cache_args(dataset) or {})
+        args.update({k: v for k, v in self.overrides.items() if v is not None})
+        missing = [k for k in ('cache_dir', 'cache_limit') if not args.get(k)]
+        if missing:
+            raise ValueError(
+                'RemoteCachePrefetchHook: no transform of the train pipeline '
+                "reads with backend_args=dict(backend='node_cache', ...) "
+                f'and the hook was not given {", ".join(missing)}. Set the '
+                "pipeline's backend_args (see docs/remote_cache.md).")
+        return args
+
+    def _reserve(self, limit: int) -> int:
+        value = self.prefetch_reserve
+        if isinstance(value, float) and 0 < value < 1:
+            return int(limit * value)
+        return parse_size(value, 'prefetch_reserve')
+
+    def before_train(self, runner) -> None:
+        loop = runner.train_loop
+        self._loader = loop.dataloader
+        args = self._cache_args(self._loader.dataset)
+        self._args = args
+        token = [time.time_ns()]
+        broadcast_object_list(token)
+        rank, _ = get_dist_info()
+        self._writer = CursorWriter(args['cache_dir'], rank, token[0])
+        self._token = token[0]
+
+    def _stream(self) -> NodeStream:
+        rank, world_size = get_dist_info()
+        local_rank, local_size = get_local_rank(), get_local_size()
+        order = sample_order_of(self._loader.batch_sampler, world_size)
+        return NodeStream(order, world_size, rank - local_rank, local_size)
+
+    def _consumed(self, runner, batch_idx: int) -> tuple:
+        """(epoch, global samples consumed) once this batch is read."""
+        loop = runner.train_loop
+        resumer = getattr(loop, 'data_resumer', None)
+        if resumer is not None and resumer.position.samples_per_batch:
+            position = resumer.position
+            return position.epoch, position.samples_in_epoch
+        _, world_size = get_dist_info()
+        per_batch = self._loader.batch_size * world_size
+        if self._infinite:
+            return 0, (runner.iter + 1) * per_batch
+        return runner.epoch, (batch_idx + 1) * per_batch
+
+    def _start_prefetcher(self, runner, stream: NodeStream) -> None:
+        loader, loop = self._loader, runner.train_loop
+        _, world_size = get_dist_info()
+        per_batch = loader.batch_size * world_size
+        limit = parse_size(self._args['cache_limit'], 'cache_limit')
+        if stream.epoch_ticks is None:
+            stop = stream.tick_of(0, loop.max_iters * per_batch)
+            pass_ticks = math.ceil(len(loader.dataset) * stream.local_ranks /
+                                   world_size)
+        else:
+            stop = loop.max_epochs * stream.epoch_ticks
+            pass_ticks = stream.epoch_ticks
+        workers = loader.num_workers
+        batches_ahead = workers * (loader.prefetch_factor or 2) + 1 \
+            if workers else 1
+        spec = PrefetchSpec(
+            cache_dir=self._args['cache_dir'],
+            cache_limit=limit,
+            remote=self._args.get('remote'),
+            size_hint=int(self._args.get('size_hint', 0)),
+            stream=stream,
+            sample_urls=_SampleUrls(_base_dataset(loader.dataset),
+                                    self.path_keys),
+            ranks=list(range(stream.first_rank,
+                             stream.first_rank + stream.local_ranks)),
+            token=self._token,
+            reserve=self._reserve(limit),
+            readahead=batches_ahead * loader.batch_size * stream.local_ranks,
+            max_inflight=self.max_inflight,
+            stop=stop,
+            horizon=min(self.max_horizon,
+                        max(1, int(self.horizon_epochs * pass_ticks))))
+        self.process = PrefetchProcess(spec)
+        runner.logger.info(
+            f'RemoteCachePrefetchHook: node prefetcher started for ranks '
+            f'{spec.ranks[0]}..{spec.ranks[-1]} (cache_limit '
+            f'{self._args["cache_limit"]}, reserve {spec.reserve} bytes, '
+            f'look-ahead {spec.horizon} samples).')
+
+    # -- per iteration ----------------------------------------------------
+
+    def before_train_iter(self, runner, batch_idx: int,
+                          data_batch=None) -> None:
+        if self._writer is None:
+            return
+        if self._infinite is None:
+            # The loops position (and reseed) the sampler before the first
+            # batch: only now is the order final.
+            stream = self._stream()
+            self._infinite = stream.epoch_ticks is None
+            if get_local_rank() == 0:
+                self._start_prefetcher(runner, stream)
+        epoch, consumed = self._consumed(runner, batch_idx)
+        self._writer.publish(epoch, consumed)
+
+    # -- shutdown ---------------------------------------------------------
+
+    def _shutdown(self) -> None:
+        if self.process is not None:
+            self.process.stop()
+            self.process = None
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+    def after_train(self, runner) -> None:
+        self._shutdown()
+
+    def after_run(self, runner) -> None:
+        self._shutdown()
+
+    def __del__(self):
+        try:
+            self._shutdown()
+        except Exception:  # interpreter shutdown: best effort
+            print_log('RemoteCachePrefetchHook: shutdown at exit failed',
+                      logger='current', level=logging.DEBUG)
