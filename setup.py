@@ -74,6 +74,7 @@ if __name__ == '__main__':
             'lite': read_requirements('lite.txt'),
             'tests': read_requirements('tests.txt'),
             'mim': read_requirements('mim.txt'),
+            's3': read_requirements('s3.txt'),
         },
         zip_safe=False,
     )

@@ -59,16 +59,20 @@ def annotation_format(ann_file: str, ann_format: str = 'auto') -> str:
     return ann_format
 
 
-def default_index_path(ann_file: str, index_dir: Optional[str] = None) -> str:
+def default_index_path(ann_file: str,
+                       index_dir: Optional[str] = None,
+                       beside: bool = True) -> str:
     """Where the index of ``ann_file`` lives unless a path is given.
 
     Next to the annotation file when its folder is writable (so every node
-    that mounts it reuses it), else in ``index_dir``, ``$MMDATA_INDEX_DIR``
-    or ``~/.cache/mmdata_plugin/line_index`` under a name that includes a
-    hash of the annotation file's real path.
+    that mounts it reuses it) and ``beside`` allows it, else in
+    ``index_dir``, ``$MMDATA_INDEX_DIR`` or
+    ``~/.cache/mmdata_plugin/line_index`` under a name that includes a hash
+    of the annotation file's real path. ``beside=False`` is for a file in a
+    folder that is not ours to write (a cache's entries).
     """
     ann_dir = osp.dirname(osp.abspath(ann_file))
-    if index_dir is None and os.access(ann_dir, os.W_OK):
+    if index_dir is None and beside and os.access(ann_dir, os.W_OK):
         return osp.abspath(ann_file) + INDEX_SUFFIX
     index_dir = index_dir or os.environ.get(INDEX_DIR_ENV) or osp.join(
         osp.expanduser('~'), '.cache', 'mmdata_plugin', 'line_index')

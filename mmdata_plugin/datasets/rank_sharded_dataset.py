@@ -11,6 +11,8 @@ from mmengine.fileio import join_path
 from mmengine.logging import print_log
 from mmengine.registry import DATASETS
 
+from ..remote.node_fetch import (DEFAULT_FILES_LIMIT, fetch_to_node,
+                                 is_remote)
 from .annotation_lines import AnnotationFormatError
 from .line_index import (annotation_format, default_index_path,
                          ensure_line_index)
@@ -47,6 +49,11 @@ class RankShardedDataset(BaseDataset):
       it from OpenMMLab 2.0 JSON). Keys named in ``data_prefix`` are joined
       with it, as in ``BaseDataset.parse_data_info``.
 
+    A remote ``ann_file`` (``s3://``, ``http(s)://``, or ``data_root`` on
+    one) is fetched once per node into a node store, keyed by its size and
+    ETag (a changed remote file is fetched anew, never mixed), and indexed
+    like a local one.
+
     Args:
         ann_file (str): Annotation file, relative to ``data_root``.
         ann_format (str): ``'auto'`` (by extension), ``'lines'`` or
@@ -67,6 +74,14 @@ class RankShardedDataset(BaseDataset):
             samplers fall back to direct reads). Default: False.
         shard_dir (str, optional): Node-local folder for shard files
             (default: the temp dir).
+        backend_args (dict, optional): fileio backend arguments for a
+            remote ``ann_file`` (e.g. an S3 ``endpoint_url``); the images
+            are read with the transforms' own ``backend_args``.
+        remote_cache_dir (str, optional): Node-local folder keeping remote
+            annotation files (default ``$MMDATA_REMOTE_FILES_DIR`` or
+            ``~/.cache/mmdata_plugin/remote_files``).
+        remote_cache_limit (int | str): Byte budget of that folder; older
+            versions are evicted first. Default: ``'20GB'``.
         serialize_data (bool): Accepted for config compatibility and
             ignored: nothing is loaded, so nothing is serialized.
         filter_cfg (dict, optional): Must be None: filtering would read every
@@ -85,6 +100,9 @@ class RankShardedDataset(BaseDataset):
                  index_progress: bool = True,
                  materialize_shards: bool = False,
                  shard_dir: Optional[str] = None,
+                 backend_args: Optional[dict] = None,
+                 remote_cache_dir: Optional[str] = None,
+                 remote_cache_limit: Union[int, str] = DEFAULT_FILES_LIMIT,
                  serialize_data: bool = False,
                  filter_cfg: Optional[dict] = None,
                  **kwargs) -> None:
@@ -102,6 +120,9 @@ class RankShardedDataset(BaseDataset):
         self.index_progress = index_progress
         self.materialize_shards = materialize_shards
         self.shard_dir = shard_dir
+        self.backend_args = backend_args
+        self.remote_cache_dir = remote_cache_dir
+        self.remote_cache_limit = remote_cache_limit
         self.num_dropped = 0
         self._index = None
         self._line_ids: Union[range, np.ndarray, None] = None
@@ -115,9 +136,16 @@ class RankShardedDataset(BaseDataset):
         if self._fully_initialized:
             return
         self._format = annotation_format(self.ann_file, self.ann_format)
+        local_file, beside = self.ann_file, True
+        if is_remote(self.ann_file, self.backend_args):
+            local_file = fetch_to_node(self.ann_file, self.backend_args,
+                                       self.remote_cache_dir,
+                                       self.remote_cache_limit)
+            # The copy sits in the store's entries: the index goes elsewhere.
+            beside = False
         index_path = self.index_file or default_index_path(
-            self.ann_file, self.index_dir)
-        self._index = ensure_line_index(self.ann_file, index_path,
+            local_file, self.index_dir, beside=beside)
+        self._index = ensure_line_index(local_file, index_path,
                                         self._format, self.on_stale_index,
                                         self.index_progress)
         self._line_ids = range(self._index.num_samples)

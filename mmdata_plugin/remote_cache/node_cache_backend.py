@@ -120,9 +120,14 @@ class RemoteReader:
         """The store entry of ``url``, downloaded once if missing."""
 
         def produce(file) -> None:
-            data = self.remote(url).get(url)
-            file.write(data)
-            self.store.count(NAMESPACE, 'produced_bytes', len(data))
+            backend = self.remote(url)
+            # Our remote backends stream into the file (and resume a cut
+            # body); any other fileio backend hands over the bytes.
+            if callable(getattr(backend, 'download', None)):
+                backend.download(url, file)
+            else:
+                file.write(backend.get(url))
+            self.store.count(NAMESPACE, 'produced_bytes', file.tell())
 
         # A reservation that outgrows the hint is grown while writing.
         hint = min(self.size_hint if size_hint is None else size_hint,

@@ -1,0 +1,148 @@
+import io
+import pickle
+
+import pytest
+from mmengine import fileio
+from mmengine.fileio.backends import HTTPBackend
+
+from mmdata_plugin.remote import (HTTPRemoteBackend, RemoteAccessDeniedError,
+                                  RemoteChangedError, RemoteNotFoundError,
+                                  RemoteStat, RemoteUnavailableError)
+from mmdata_plugin.testing import LoopbackHTTPServer, find_free_port
+
+# Quick retries: the faults are injected, not a real outage.
+FAST = dict(backend='remote_http', timeout=0.5, backoff=0.01, retries=6)
+
+
+def blob(i, size=3000):
+    return bytes((i * 7 + j) % 251 for j in range(size + i))
+
+
+@pytest.fixture
+def objects():
+    return {f'set/{i:03d}.bin': blob(i) for i in range(40)}
+
+
+def test_prefixes_route_to_our_backend():
+    assert isinstance(fileio.get_file_backend('http://x/a'),
+                      HTTPRemoteBackend)
+    assert isinstance(fileio.get_file_backend('https://x/a'),
+                      HTTPRemoteBackend)
+    # mmengine's urlopen backend stays reachable by name.
+    assert isinstance(
+        fileio.get_file_backend(backend_args=dict(backend='http')),
+        HTTPBackend)
+
+
+def test_every_object_byte_exact_over_few_connections(objects):
+    with LoopbackHTTPServer(objects) as srv:
+        for path, data in objects.items():
+            assert fileio.get(srv.url(path)) == data
+            assert fileio.get(srv.url(path), backend_args=FAST) == data
+        backend = fileio.get_file_backend(
+            srv.base_url, backend_args=FAST, enable_singleton=True)
+        assert backend.get_range(srv.url('set/005.bin'), 100, 50) == \
+            objects['set/005.bin'][100:150]
+        assert backend.get_text(srv.url('set/000.bin'), 'latin-1') == \
+            objects['set/000.bin'].decode('latin-1')
+        stat = backend.stat(srv.url('set/001.bin'))
+        assert stat.size == len(objects['set/001.bin']) and stat.etag
+        assert backend.exists(srv.url('set/001.bin'))
+        assert not backend.exists(srv.url('set/missing.bin'))
+        with backend.get_local_path(srv.url('set/002.bin')) as local:
+            assert open(local, 'rb').read() == objects['set/002.bin']
+        # Two backends (default and FAST args), keep-alive pools: a
+        # handful of connections for ~90 requests, not one per request.
+        assert srv.stats().connections <= 4
+
+
+def test_one_percent_faults_are_retried_never_a_wrong_sample():
+    objects = {f'o/{i}.bin': blob(i, 2000) for i in range(250)}
+    # seed 2 draws every fault kind in these 500 requests.
+    with LoopbackHTTPServer(objects, fault_rate=0.01, seed=2,
+                            stall=2.0) as srv:
+        backend = HTTPRemoteBackend(timeout=0.3, backoff=0.01, retries=6)
+        for path, data in objects.items():
+            assert backend.get(srv.url(path)) == data
+            assert backend.get_range(srv.url(path), 500, 700) == \
+                data[500:1200]
+        faults = srv.stats().faults
+    assert set(faults) == {'5xx', 'timeout', 'truncated'}
+    assert backend.retry.retried == sum(faults.values())
+
+
+def test_truncated_body_resumes_from_the_missing_byte():
+    data = blob(1, 300_000)
+    with LoopbackHTTPServer({'big.bin': data}) as srv:
+        srv.faults.script('big.bin', ['truncated', 'truncated'])
+        sink = io.BytesIO()
+        HTTPRemoteBackend(backoff=0.01).download(srv.url('big.bin'), sink)
+        assert sink.getvalue() == data
+        # Half, then half of the rest, then the rest: each byte sent once.
+        assert srv.stats().bytes_per_path['big.bin'] == len(data)
+
+
+def test_object_changed_is_refused_not_mixed():
+    data = blob(2, 200_000)
+    with LoopbackHTTPServer({'a.bin': data}) as srv:
+        url = srv.url('a.bin')
+        backend = HTTPRemoteBackend(backoff=0.01)
+        before = backend.stat(url)
+        srv.put('a.bin', data[::-1])
+        with pytest.raises(RemoteChangedError, match=url):
+            backend.download(url, io.BytesIO(), expect=before)
+
+        # Changed between the attempts of one download (after a cut).
+        class ChangesRemote(io.BytesIO):
+
+            def write(self, piece):
+                if self.tell() == 0:
+                    srv.put('a.bin', data)
+                return super().write(piece)
+
+        srv.faults.script('a.bin', ['truncated'])
+        with pytest.raises(RemoteChangedError, match='ETag'):
+            backend.download(url, ChangesRemote())
+
+
+def test_final_errors_name_the_url_and_are_not_retried():
+    with LoopbackHTTPServer({'a': b'1'},
+                            required_headers={'Authorization': 'Bearer t'}) \
+            as srv:
+        backend = HTTPRemoteBackend(backoff=0.01)
+        with pytest.raises(RemoteAccessDeniedError, match=srv.url('a')):
+            backend.get(srv.url('a'))
+        authorized = HTTPRemoteBackend(headers={'Authorization': 'Bearer t'})
+        assert authorized.get(srv.url('a')) == b'1'
+        with pytest.raises(RemoteNotFoundError, match=srv.url('nope')) as info:
+            authorized.get(srv.url('nope'))
+        assert isinstance(info.value, FileNotFoundError)
+        assert srv.stats().requests_per_path['nope'] == 1
+
+
+def test_unreachable_host_gives_up_after_bounded_retries():
+    url = f'http://127.0.0.1:{find_free_port()}/x.bin'
+    backend = HTTPRemoteBackend(retries=2, backoff=0.01, connect_timeout=1)
+    with pytest.raises(RemoteUnavailableError,
+                       match=r'gave up after 3 attempt.*x\.bin'):
+        backend.get(url)
+
+
+def test_persistent_5xx_gives_up():
+    with LoopbackHTTPServer({'a': b'1'}) as srv:
+        srv.faults.script('a', ['5xx'] * 10)
+        backend = HTTPRemoteBackend(retries=3, backoff=0.01)
+        with pytest.raises(RemoteUnavailableError, match='HTTP 50'):
+            backend.get(srv.url('a'))
+        assert srv.stats().requests == 4
+
+
+def test_pickles_without_its_connections():
+    with LoopbackHTTPServer({'a': b'abc'}) as srv:
+        backend = HTTPRemoteBackend()
+        assert backend.get(srv.url('a')) == b'abc'
+        clone = pickle.loads(pickle.dumps(backend))
+        assert clone._client_handle is None
+        assert clone.get(srv.url('a')) == b'abc'
+        assert clone.stat(srv.url('a')) == RemoteStat(3, backend.stat(
+            srv.url('a')).etag)
