@@ -98,6 +98,10 @@ class PrefetchProcess:
     def alive(self) -> bool:
         return self._process.is_alive()
 
+    @property
+    def exitcode(self) -> Optional[int]:
+        return self._process.exitcode
+
     def stop(self, timeout: float = 30) -> None:
         """Ask the process to stop; kill it if it does not within
         ``timeout`` seconds (a download stuck on a dead connection)."""

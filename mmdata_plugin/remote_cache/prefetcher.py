@@ -298,10 +298,17 @@ class NodePrefetcher:
         downloads = []
         # A tick stages at most two samples (its read and one dropped).
         room = self.reserve - 2 * int(self._mean_size)
-        while planner.tick < end and self._inflight < self.target_inflight():
-            if planner.tick >= must and self._staged_bytes > room:
-                self.stats['reserve_full'] += 1
-                break
+        target = self.target_inflight()
+        while planner.tick < end:
+            # What the DataLoaders may read next is decided (and its
+            # download started) whatever the limits: a reader ahead of the
+            # plan would download it itself.
+            if planner.tick >= must:
+                if self._inflight >= target:
+                    break
+                if self._staged_bytes > room:
+                    self.stats['reserve_full'] += 1
+                    break
             decision = planner.decide()
             if decision is None:
                 break

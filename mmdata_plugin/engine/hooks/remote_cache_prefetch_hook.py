@@ -1,15 +1,16 @@
 """RemoteCachePrefetchHook: one prefetcher per node that knows the future."""
 import logging
 import math
+import os
 import time
 from typing import List, Optional, Sequence, Union
 
-from mmengine.dist import (broadcast_object_list, get_dist_info,
-                           get_local_rank, get_local_size)
+from mmengine.dist import broadcast_object_list, get_dist_info
 from mmengine.hooks import Hook
 from mmengine.logging import print_log
 from mmengine.registry import HOOKS
 
+from ...cache.node_store import NodeStore
 from ...cache.size_units import parse_size
 from ...remote_cache.consumption_cursors import CursorWriter
 from ...remote_cache.node_stream import NodeStream
@@ -17,21 +18,70 @@ from ...remote_cache.prefetch_process import PrefetchProcess, PrefetchSpec
 from ...remote_cache.sample_order import sample_order_of
 
 
-def find_node_cache_args(dataset) -> Optional[dict]:
-    """The ``backend_args`` of the first transform of ``dataset``'s
-    pipeline that reads through the ``node_cache`` backend."""
-    pending = [getattr(dataset, 'pipeline', None)]
+def _reading_transforms(dataset) -> List:
+    """Transforms of ``dataset``'s pipeline (nested wrappers included)
+    that read files through fileio (they have ``backend_args``)."""
+    found, pending = [], [getattr(dataset, 'pipeline', None)]
     while pending:
         item = pending.pop()
         if item is None:
             continue
-        args = getattr(item, 'backend_args', None)
-        if isinstance(args, dict) and args.get('backend') == 'node_cache':
-            return args
+        if hasattr(item, 'backend_args'):
+            found.append(item)
         children = getattr(item, 'transforms', None)
         if isinstance(children, (list, tuple)):
-            pending.extend(children)
+            pending.extend(reversed(children))
+    return found
+
+
+def find_node_cache_args(dataset) -> Optional[dict]:
+    """The ``backend_args`` of the first transform of ``dataset``'s
+    pipeline that reads through the ``node_cache`` backend."""
+    for transform in _reading_transforms(dataset):
+        args = transform.backend_args
+        if isinstance(args, dict) and args.get('backend') == 'node_cache':
+            return args
     return None
+
+
+def route_through_node_cache(dataset, cache_dir: str,
+                             cache_limit: Union[int, str],
+                             remote: Optional[dict] = None) -> int:
+    """Make every reading transform of the pipeline read through the node
+    cache; what it read with before becomes the cache's ``remote``.
+
+    Must run before the DataLoader workers start (they get a copy).
+
+    Returns:
+        int: Transforms routed.
+    """
+    routed = 0
+    for transform in _reading_transforms(dataset):
+        before = transform.backend_args
+        if isinstance(before, dict) and before.get('backend') == 'node_cache':
+            continue
+        transform.backend_args = dict(
+            backend='node_cache',
+            cache_dir=cache_dir,
+            cache_limit=cache_limit,
+            remote=remote if remote is not None else before)
+        routed += 1
+    return routed
+
+
+def node_ranks() -> tuple:
+    """``(local rank, ranks on this node)``, as the launcher set them.
+
+    torchrun sets ``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE``; without both,
+    every rank is taken to be on one node, so that one prefetcher serves
+    them all (never two on one cache directory).
+    """
+    rank, world_size = get_dist_info()
+    local_rank = os.environ.get('LOCAL_RANK')
+    local_size = os.environ.get('LOCAL_WORLD_SIZE')
+    if local_rank is None or local_size is None:
+        return rank, world_size
+    return int(local_rank), int(local_size)
 
 
 def _base_dataset(dataset):
@@ -86,8 +136,16 @@ class RemoteCachePrefetchHook(Hook):
             Defaults to 2.
         max_horizon (int): Cap of the look-ahead in samples (memory: ~40
             bytes each). Defaults to 2**23.
-        cache_dir, cache_limit, remote: Override the pipeline's
-            ``node_cache`` arguments (normally left unset).
+        cache_dir (str, optional): Node-local cache directory. Given with
+            ``cache_limit``, the train pipeline's loading transforms are
+            routed through the node cache (what they read with before
+            becomes ``remote``), so this hook is the only config change.
+            Unneeded when the pipeline already reads with
+            ``backend_args=dict(backend='node_cache', ...)``.
+        cache_limit (int | str, optional): Byte budget of the node cache,
+            e.g. ``'200GB'``.
+        remote (dict, optional): ``backend_args`` of the remote backend for
+            routed transforms; None keeps each transform's own.
     """
 
     priority = 'VERY_HIGH'
@@ -120,17 +178,34 @@ class RemoteCachePrefetchHook(Hook):
 
     # -- setup ----------------------------------------------------------------
 
-    def _cache_args(self, dataset) -> dict:
-        args = dict(find_node_cache_args(dataset) or {})
-        args.update({k: v for k, v in self.overrides.items() if v is not None})
-        missing = [k for k in ('cache_dir', 'cache_limit') if not args.get(k)]
-        if missing:
+    def _cache_args(self, loader) -> dict:
+        dataset = loader.dataset
+        args = find_node_cache_args(dataset)
+        if args is not None:
+            return args
+        given = self.overrides
+        if not (given['cache_dir'] and given['cache_limit']):
             raise ValueError(
                 'RemoteCachePrefetchHook: no transform of the train pipeline '
-                "reads with backend_args=dict(backend='node_cache', ...) "
-                f'and the hook was not given {", ".join(missing)}. Set the '
-                "pipeline's backend_args (see docs/remote_cache.md).")
-        return args
+                "reads with backend_args=dict(backend='node_cache', ...); "
+                'give the hook cache_dir and cache_limit to route them '
+                'through the node cache (docs/remote_cache.md).')
+        if getattr(loader, '_iterator', None) is not None:
+            raise RuntimeError(
+                'RemoteCachePrefetchHook cannot route the pipeline through '
+                'the node cache: the DataLoader workers already run (a loop '
+                'that starts them before `before_train`). Set the loading '
+                "transforms' backend_args=dict(backend='node_cache', ...) "
+                'in the config instead.')
+        routed = route_through_node_cache(dataset, given['cache_dir'],
+                                          given['cache_limit'],
+                                          given['remote'])
+        print_log(
+            f'RemoteCachePrefetchHook: {routed} loading transform(s) of the '
+            f'train pipeline read through the node cache {given["cache_dir"]}'
+            f' (cache_limit={given["cache_limit"]}).',
+            logger='current')
+        return find_node_cache_args(dataset)
 
     def _reserve(self, limit: int) -> int:
         value = self.prefetch_reserve
@@ -141,17 +216,20 @@ class RemoteCachePrefetchHook(Hook):
     def before_train(self, runner) -> None:
         loop = runner.train_loop
         self._loader = loop.dataloader
-        args = self._cache_args(self._loader.dataset)
+        args = self._cache_args(self._loader)
         self._args = args
         token = [time.time_ns()]
         broadcast_object_list(token)
         rank, _ = get_dist_info()
+        # The store claims (or checks) the directory before anything of
+        # ours is written into it.
+        NodeStore(args['cache_dir'], args['cache_limit'])
         self._writer = CursorWriter(args['cache_dir'], rank, token[0])
         self._token = token[0]
 
     def _stream(self) -> NodeStream:
         rank, world_size = get_dist_info()
-        local_rank, local_size = get_local_rank(), get_local_size()
+        local_rank, local_size = node_ranks()
         order = sample_order_of(self._loader.batch_sampler, world_size)
         return NodeStream(order, world_size, rank - local_rank, local_size)
 
@@ -180,9 +258,12 @@ class RemoteCachePrefetchHook(Hook):
         else:
             stop = loop.max_epochs * stream.epoch_ticks
             pass_ticks = stream.epoch_ticks
+        # Batches each rank's workers may have read beyond the loop's
+        # position: those in flight, the one being collated, and one for a
+        # rank that runs an iteration ahead of the slowest.
         workers = loader.num_workers
-        batches_ahead = workers * (loader.prefetch_factor or 2) + 1 \
-            if workers else 1
+        batches_ahead = workers * (loader.prefetch_factor or 2) + 2 \
+            if workers else 2
         spec = PrefetchSpec(
             cache_dir=self._args['cache_dir'],
             cache_limit=limit,
@@ -218,10 +299,16 @@ class RemoteCachePrefetchHook(Hook):
             # batch: only now is the order final.
             stream = self._stream()
             self._infinite = stream.epoch_ticks is None
-            if get_local_rank() == 0:
+            if node_ranks()[0] == 0:
                 self._start_prefetcher(runner, stream)
         epoch, consumed = self._consumed(runner, batch_idx)
         self._writer.publish(epoch, consumed)
+        if self.process is not None and not self.process.alive:
+            code, self.process = self.process.exitcode, None
+            raise RuntimeError(
+                f'The node cache prefetcher exited (code {code}); its error '
+                'is logged above. Training would go on downloading every '
+                'sample on demand, so it stops here.')
 
     # -- shutdown ---------------------------------------------------------
 
