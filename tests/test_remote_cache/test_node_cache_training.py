@@ -90,6 +90,8 @@ def test_two_ranks_two_workers_hold_the_budget(bigger_demo, train_env,
         stats = srv.stats()
     assert 'Iter(train) [50/50]' in out
     assert 'node prefetcher started for ranks 0..1' in out
+    # DataMonitorHook's report has the node cache's figures.
+    assert 'Remote node cache (' in out and '% of reads local' in out
     with open(os.path.join(cache_dir, 'planner', 'status.json')) as file:
         status = json.load(file)
     # The hard budget, downloads in flight included, held all along, and

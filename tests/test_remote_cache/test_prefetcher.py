@@ -154,3 +154,14 @@ def test_restart_downloads_nothing_beyond_the_plan(tmp_path, warm):
                         capacity)['belady_bypass']
         assert after <= rest.reads - rest.hits + _SIZE_PROBES
     assert resumed.stats['refetched'] == 0
+
+
+def test_a_world_size_change_on_one_node_keeps_the_node_stream(tmp_path):
+    # Ranks take interleaved global positions, so a node that runs all the
+    # ranks reads the global stream whatever their number: a resume with
+    # another world size continues the same plan.
+    two = make_stream(120, world_size=2)
+    one = make_stream(120, world_size=1)
+    assert two.ids(0, 500).tolist() == one.ids(0, 500).tolist()
+    # 12 global samples consumed = tick 12 for both.
+    assert two.tick_of(0, 12) == one.tick_of(0, 12) == 12

@@ -16,6 +16,7 @@ from mmdata_plugin.data_monitor import (DataLoaderMonitor, build_report,
                                         format_rank_table, format_report,
                                         format_worker_table, plot_report,
                                         save_report)
+from mmdata_plugin.data_monitor.remote_cache import add_remote_cache
 from mmdata_plugin.data_monitor.worker_timing import MonitoredBatch
 
 #: Environment variable read by :func:`apply_data_monitor_env`.
@@ -233,6 +234,9 @@ class DataMonitorHook(Hook):
                               world_size=get_world_size(),
                               iteration=runner.iter,
                               max_iters=runner.max_iters)
+        add_remote_cache(report, runner.train_loop.dataloader.dataset,
+                         runner.iter * int(os.environ.get(
+                             'LOCAL_WORLD_SIZE', get_world_size())))
         return report, [g.get('window') for g in gathered]
 
     def _path(self, runner, extension: str) -> str:
