@@ -73,7 +73,7 @@ class HTTPRemoteBackend(RemoteBackend):
             ca_certs=self.ca_certs)
 
     def _request(self, method: str, url: str,
-                 headers: Dict[str, str]) -> urllib3.BaseHTTPResponse:
+                 headers: Dict[str, str]) -> 'urllib3.HTTPResponse':
         try:
             return self.client.request(
                 method,

@@ -27,6 +27,7 @@ import os
 import os.path as osp
 import posixpath
 import socket
+import sys
 import threading
 import time
 from collections import Counter
@@ -393,6 +394,14 @@ class _Server(http.server.ThreadingHTTPServer):
         with self._connections_lock:
             self._connections.discard(request)
         super().shutdown_request(request)
+
+    def handle_error(self, request, client_address) -> None:
+        # A client closing its keep-alive connection (a worker exiting) is
+        # routine for a server, not a traceback on stderr.
+        error = sys.exc_info()[1]
+        if isinstance(error, (ConnectionError, socket.timeout)):
+            return
+        super().handle_error(request, client_address)
 
     def close_connections(self) -> None:
         """Wake handler threads blocked on idle keep-alive connections."""

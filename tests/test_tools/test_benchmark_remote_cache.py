@@ -1,0 +1,36 @@
+"""tools/benchmark_remote_cache.py end to end, shrunk to seconds."""
+import json
+import sys
+
+from helpers import REPO_ROOT
+
+from mmdata_plugin.testing import cpu_env, run_command
+
+
+def test_harness_measures_a_remote_reader(tmp_path):
+    # One measured configuration (each costs a torchrun start) and one
+    # reported as not installable.
+    out = run_command([
+        sys.executable, f'{REPO_ROOT}/tools/benchmark_remote_cache.py',
+        '--samples', '120', '--sample-kb', '4', '--latency', '0.01',
+        '--epochs', '2', '--workers', '1', '--batch-size', '8',
+        '--configs', 'remote_http,litdata', '--time-box', '30',
+        '--work-dir',
+        str(tmp_path)
+    ],
+                      env=cpu_env(dict(PYTHONPATH=REPO_ROOT)),
+                      timeout=600).stdout
+    saved = json.loads((tmp_path / 'results.json').read_text())
+    results = {r['name']: r for r in saved['results']}
+    assert set(results) == {'remote_http'}
+    assert 'litdata' in saved['skipped'] and '\nlitdata ' in out
+    for name, result in results.items():
+        for epoch in result['epochs']:
+            # 120 samples over 2 ranks, none cut, none wrong.
+            assert (epoch['samples'], epoch['wrong'], epoch['cut']) == \
+                (120, 0, False), name
+            assert epoch['samples_per_s'] > 0
+    for epoch in results['remote_http']['epochs']:
+        # Uncached: every sample downloaded once per epoch, nothing twice.
+        assert epoch['downloads'] == 120 and epoch['duplicates'] == 0
+        assert epoch['hit_rate'] == 0.0

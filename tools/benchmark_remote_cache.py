@@ -1,0 +1,526 @@
+# Training from a slow remote: loader throughput, batch waits, remote bytes
+# and duplicate downloads of each way to read the same samples.
+#
+#   python tools/benchmark_remote_cache.py            # 20k x 100 KB, 2 x 2
+#   python tools/benchmark_remote_cache.py --quick    # ~2 minutes
+#
+# The data set (random, incompressible samples with their index in the
+# first 8 bytes, so every read is checked) is served by our loopback HTTP
+# server (mmdata_plugin.testing.loopback_http) with --latency per request
+# and a --bandwidth cap shared by all connections. Each configuration runs
+# --ranks real ranks (torchrun, gloo) x --workers DataLoader workers over a
+# RankShardedDataset + RankShardedSampler (the same order math as training)
+# for --epochs epochs, and reads every sample through one reader:
+#
+#   local             the same files on local disk (the reference)
+#   mmengine_http     mmengine's stock HTTPBackend (urlopen per sample)
+#   remote_http       our pooled, retried HTTP backend, no cache
+#   fsspec_simple     fsspec's simplecache:: in front of HTTP (no size
+#                     limit exists in fsspec: the budget is not applied)
+#   litdata, mosaic   reported, not run, when they would not install here
+#   ours@<b>%         our node cache at <b>% of the data set (see
+#                     ours_backend_args / ours_prefetch below)
+#
+# Reported per configuration (both ranks together): loader samples/s per
+# epoch, p99 batch wait, remote MB per epoch and over the data set size,
+# hit rate (reads not served by a download), duplicate downloads (a sample
+# downloaded more than once within one epoch), peak bytes on disk over the
+# budget, wrong samples (must be 0). Readers without a planner are bound at
+# ranks x workers / latency samples/s (one request in flight per worker), so
+# they read a subset of the data set sized to take --time-box seconds per
+# epoch at that bound (the "set" column); an epoch still running after 3x
+# that is cut and marked '*' (its rate stays a measured one).
+import argparse
+import contextlib
+import importlib.util
+import json
+import os
+import os.path as osp
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+
+import numpy as np
+
+ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+BASELINES = ('local', 'mmengine_http', 'remote_http', 'fsspec_simple',
+             'litdata', 'mosaic')
+# PyPI names of the streaming loaders compared when they install.
+PIP_NAMES = dict(litdata='litdata', mosaic='mosaicml-streaming')
+IMPORT_NAMES = dict(litdata='litdata', mosaic='streaming')
+HEADER_BYTES = 8
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(
+        description='Remote reading and caching benchmark on a loopback '
+        'HTTP remote with latency and a bandwidth cap')
+    parser.add_argument('--samples', type=int, default=20000)
+    parser.add_argument('--sample-kb', type=float, default=100)
+    parser.add_argument('--latency', type=float, default=0.05,
+                        help='seconds per request (default 0.05)')
+    parser.add_argument('--bandwidth', type=float, default=100,
+                        help='MB/s shared by all connections (default 100)')
+    parser.add_argument('--ranks', type=int, default=2)
+    parser.add_argument('--workers', type=int, default=2)
+    parser.add_argument('--epochs', type=int, default=2)
+    parser.add_argument('--batch-size', type=int, default=32)
+    parser.add_argument('--budgets', default='10,25,50',
+                        help='cache budgets in %% of the data set')
+    parser.add_argument('--configs', default=None,
+                        help='comma-separated subset of ' +
+                        ','.join(BASELINES) + ',ours')
+    parser.add_argument('--time-box', type=float, default=120,
+                        help='seconds per epoch that sizes the subset read '
+                        'by readers without a planner')
+    parser.add_argument('--check-installable', action='store_true',
+                        help='run pip install --dry-run for litdata/mosaic '
+                        'when they are not installed (network or index)')
+    parser.add_argument('--quick', action='store_true',
+                        help='2000 samples, 25%% budget, 6 s time box, '
+                        'no fsspec')
+    parser.add_argument(
+        '--work-dir',
+        default=osp.join(tempfile.gettempdir(), 'mmdata_benchmark_remote'))
+    parser.add_argument('--rank-run', help=argparse.SUPPRESS)
+    parser.add_argument('--root', help=argparse.SUPPRESS)
+    parser.add_argument('--reader', help=argparse.SUPPRESS)
+    parser.add_argument('--subset', type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.samples = min(args.samples, 2000)
+        args.budgets = '25'
+        args.time_box = min(args.time_box, 6)
+    return args
+
+
+# ---------------------------------------------------------------- data
+def write_dataset(root: str, samples: int, sample_bytes: int) -> str:
+    """``samples`` random files + a ``path label`` list; returns the list."""
+    ann_file = osp.join(root, 'train.txt')
+    if osp.exists(ann_file):
+        return ann_file
+    rng = np.random.default_rng(0)
+    os.makedirs(osp.join(root, 'data'), exist_ok=True)
+    lines = []
+    for i in range(samples):
+        # +-25% sizes around the mean, like real encoded images.
+        size = int(sample_bytes * rng.uniform(0.75, 1.25))
+        rel = f'data/{i % 100:02d}/{i:07d}.bin'
+        os.makedirs(osp.join(root, osp.dirname(rel)), exist_ok=True)
+        with open(osp.join(root, rel), 'wb') as f:
+            f.write(i.to_bytes(HEADER_BYTES, 'little'))
+            f.write(rng.bytes(max(0, size - HEADER_BYTES)))
+        lines.append(f'{rel} {i % 1000}\n')
+    with open(ann_file + '.tmp', 'w') as f:
+        f.writelines(lines)
+    os.replace(ann_file + '.tmp', ann_file)
+    return ann_file
+
+
+# ------------------------------------------------- "ours": the node cache
+def ours_backend_args(cache_dir: str, cache_limit: int) -> dict:
+    """``backend_args`` of our cached reader at a byte budget.
+
+    The reader is the ``node_cache`` fileio backend in front of our HTTP
+    backend; the prefetcher that fills it from the known order is started
+    by :func:`ours_prefetch`.
+    """
+    return dict(
+        backend='node_cache',
+        remote=dict(backend='remote_http'),
+        cache_dir=cache_dir,
+        cache_limit=cache_limit)
+
+
+def ours_available() -> bool:
+    import mmdata_plugin  # noqa: F401  (registers the backends)
+    from mmengine.fileio.backends import backends
+    return 'node_cache' in backends
+
+
+@contextlib.contextmanager
+def ours_prefetch(dataset, sampler, backend_args: dict, epochs: int):
+    """Run the node's prefetcher around a rank's loop, where one exists.
+
+    Without it the ``node_cache`` backend still caches what the workers
+    read (single flight, budget), but fetches on demand only.
+    """
+    yield
+
+
+# ------------------------------------------------------------ readers
+class ReadSample:
+    """A transform reading a sample's bytes and checking its index.
+
+    Args:
+        mode (str): ``'fileio'`` (mmengine's fileio with ``backend_args``)
+            or ``'fsspec'`` (``simplecache::`` + fsspec's HTTP).
+        backend_args (dict, optional): For ``'fileio'``.
+        cache_dir (str, optional): simplecache's storage for ``'fsspec'``.
+    """
+
+    def __init__(self, mode='fileio', backend_args=None, cache_dir=None):
+        self.mode = mode
+        self.backend_args = backend_args
+        self.cache_dir = cache_dir
+
+    def read(self, path: str) -> bytes:
+        if self.mode == 'fsspec':
+            import fsspec
+            with fsspec.open(
+                    f'simplecache::{path}',
+                    'rb',
+                    simplecache=dict(cache_storage=self.cache_dir)) as f:
+                return f.read()
+        from mmengine import fileio
+        return fileio.get(path, backend_args=self.backend_args)
+
+    def __call__(self, results: dict) -> dict:
+        data = self.read(results['img_path'])
+        index = int(osp.basename(results['img_path']).split('.')[0])
+        ok = data[:HEADER_BYTES] == index.to_bytes(HEADER_BYTES, 'little')
+        return dict(nbytes=len(data), ok=ok)
+
+
+def reader_settings(name: str, args, work_dir: str) -> dict:
+    """``root`` (data prefix), ``ReadSample`` kwargs and ``subset`` (how
+    many samples the configuration reads) of a configuration."""
+    local_root = osp.join(work_dir, 'dataset')
+    # Readers without a planner: one request in flight per worker.
+    bound = args.ranks * args.workers / args.latency
+    subset = min(args.samples, max(1, int(args.time_box * bound)))
+    url = args.url
+    if name == 'local':
+        return dict(
+            root=local_root, reader=dict(mode='fileio'), subset=args.samples)
+    if name == 'mmengine_http':
+        return dict(
+            root=url,
+            reader=dict(backend_args=dict(backend='http')),
+            subset=subset)
+    if name == 'remote_http':
+        return dict(
+            root=url,
+            reader=dict(backend_args=dict(backend='remote_http')),
+            subset=subset)
+    if name == 'fsspec_simple':
+        return dict(
+            root=url,
+            reader=dict(mode='fsspec', cache_dir=osp.join(work_dir, 'cache')),
+            subset=subset)
+    if name.startswith('ours@'):
+        return dict(
+            root=url,
+            reader=dict(
+                backend_args=ours_backend_args(
+                    osp.join(work_dir, 'cache'), args.budget_bytes[name])),
+            subset=args.samples)
+    raise ValueError(f'unknown configuration {name!r}')
+
+
+# --------------------------------------------------------------- a rank
+def collate(batch):
+    return batch
+
+
+def run_rank(args) -> None:
+    import torch.distributed as dist
+    from mmcv.transforms import TRANSFORMS
+    from torch.utils.data import DataLoader
+
+    from mmdata_plugin.datasets import RankShardedDataset, RankShardedSampler
+    dist.init_process_group('gloo')
+    rank = dist.get_rank()
+    TRANSFORMS.register_module(name='ReadSample', module=ReadSample,
+                               force=True)
+    reader = json.loads(args.reader)
+    dataset = RankShardedDataset(
+        ann_file=osp.join(args.work_dir, 'dataset', 'train.txt'),
+        data_prefix=dict(img_path=args.root),
+        index_dir=osp.join(args.work_dir, 'index'),
+        index_progress=False,
+        # the first `subset` samples (RankShardedDataset's int indices)
+        indices=args.subset,
+        pipeline=[dict(type='ReadSample', **reader)])
+    sampler = RankShardedSampler(dataset, shuffle=True, seed=0)
+    loader = DataLoader(
+        dataset,
+        batch_size=args.batch_size,
+        sampler=sampler,
+        num_workers=args.workers,
+        persistent_workers=True,
+        collate_fn=collate)
+    epochs = []
+    context = ours_prefetch(dataset, sampler, reader.get('backend_args'),
+                            args.epochs) if args.rank_run.startswith(
+                                'ours@') else contextlib.nullcontext()
+    with context:
+        for epoch in range(args.epochs):
+            sampler.set_epoch(epoch)
+            dist.barrier()
+            start = time.time()
+            waits, samples, wrong, cut = [], 0, 0, False
+            batches = iter(loader)
+            while True:
+                asked = time.perf_counter()
+                batch = next(batches, None)
+                if batch is None:
+                    break
+                waits.append(time.perf_counter() - asked)
+                samples += len(batch)
+                wrong += sum(not item['ok'] for item in batch)
+                if time.time() - start > 3 * args.time_box:
+                    cut = True
+                    break
+            end = time.time()
+            del batches
+            dist.barrier()
+            epochs.append(
+                dict(
+                    start=start,
+                    end=end,
+                    samples=samples,
+                    wrong=wrong,
+                    cut=cut,
+                    waits=waits))
+    print('RESULT ' + json.dumps(dict(rank=rank, epochs=epochs)), flush=True)
+    dist.destroy_process_group()
+
+
+# -------------------------------------------------------------- driver
+def directory_bytes(path: str) -> int:
+    """Bytes of the regular files under ``path`` (temp files included),
+    summed by ``find`` in its own process: a walk in this process would
+    hold the GIL that the loopback server needs."""
+    result = subprocess.run(['find', path, '-type', 'f', '-printf', '%s\n'],
+                            stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL,
+                            text=True)
+    return sum(int(size) for size in result.stdout.split())
+
+
+def run_config(name: str, args, server, work_dir: str) -> dict:
+    from mmdata_plugin.testing import cpu_env, run_command, torchrun_command
+    cache_dir = osp.join(work_dir, 'cache')
+    shutil.rmtree(cache_dir, ignore_errors=True)
+    os.makedirs(cache_dir)
+    settings = reader_settings(name, args, work_dir)
+    server.reset_stats()
+    peak = [0]
+    done = threading.Event()
+
+    def watch():
+        while not done.is_set():
+            peak[0] = max(peak[0], directory_bytes(cache_dir))
+            done.wait(0.5)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    cmd = torchrun_command(
+        __file__, [
+            '--rank-run', name, '--root', settings['root'], '--reader',
+            json.dumps(settings['reader']), '--subset',
+            str(settings['subset']), '--work-dir', work_dir,
+            '--workers',
+            str(args.workers), '--batch-size',
+            str(args.batch_size), '--epochs',
+            str(args.epochs), '--time-box',
+            str(args.time_box)
+        ],
+        nproc=args.ranks)
+    try:
+        out = run_command(
+            cmd,
+            env=cpu_env(dict(PYTHONPATH=ROOT)),
+            timeout=args.epochs * args.time_box * 4 + 300).stdout
+    finally:
+        done.set()
+        watcher.join()
+    ranks = [
+        json.loads(line[len('RESULT '):]) for line in out.splitlines()
+        if line.startswith('RESULT ')
+    ]
+    result = summarize(name, ranks, server.download_log(), peak[0], args)
+    result['subset'] = settings['subset']
+    return result
+
+
+def summarize(name, ranks, log, peak_disk, args) -> dict:
+    starts = [
+        min(r['epochs'][e]['start'] for r in ranks)
+        for e in range(args.epochs)
+    ]
+    # A download belongs to the epoch running when it ended; prefetches
+    # before the first epoch count in it, late ones in the last.
+    bounds = [-float('inf')] + starts[1:] + [float('inf')]
+    epochs = []
+    for e in range(args.epochs):
+        parts = [r['epochs'][e] for r in ranks]
+        end = max(p['end'] for p in parts)
+        samples = sum(p['samples'] for p in parts)
+        waits = [w for p in parts for w in p['waits']]
+        got = [(path, size) for t, path, size in log
+               if bounds[e] <= t < bounds[e + 1] and path.endswith('.bin')]
+        per_path = Counter(path for path, _ in got)
+        epochs.append(
+            dict(
+                samples=samples,
+                samples_per_s=samples / max(end - starts[e], 1e-9),
+                p99_wait_ms=1e3 * float(np.percentile(waits, 99))
+                if waits else 0.0,
+                remote_mb=sum(size for _, size in got) / 1e6,
+                downloads=len(got),
+                # every download is a miss of some reader
+                hit_rate=None if name == 'local' else max(
+                    0.0, 1 - len(got) / max(samples, 1)),
+                duplicates=sum(n - 1 for n in per_path.values() if n > 1),
+                wrong=sum(p['wrong'] for p in parts),
+                cut=any(p['cut'] for p in parts)))
+    return dict(name=name, epochs=epochs, peak_disk_mb=peak_disk / 1e6)
+
+
+def not_run_reason(name: str, check: bool) -> str:
+    """Why litdata/mosaic are not measured, or '' when they can be."""
+    if importlib.util.find_spec(IMPORT_NAMES[name]) is not None:
+        return 'installed, but no adapter in this harness yet'
+    if not check:
+        return ('not installed (pip install --dry-run ' + PIP_NAMES[name] +
+                ' pulls torch 2.14.1 + CUDA here: not installable)')
+    result = subprocess.run(
+        [
+            sys.executable, '-m', 'pip', 'install', '--dry-run',
+            PIP_NAMES[name]
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=300)
+    wanted = [
+        line for line in result.stdout.splitlines()
+        if line.startswith('Would install')
+    ]
+    torch = [w for w in ' '.join(wanted).split() if w.startswith('torch-')]
+    if torch:
+        return f'not installable here (pip would pull {torch[0]} + CUDA)'
+    return 'not installed (installs without another torch: add it)'
+
+
+def main():
+    args = parse_args()
+    if args.rank_run:
+        run_rank(args)
+        return
+    from mmdata_plugin.testing import LoopbackHTTPServer
+    work_dir = args.work_dir
+    sample_bytes = int(args.sample_kb * 1000)
+    data_dir = osp.join(work_dir, 'dataset')
+    marker = osp.join(work_dir, 'dataset.json')
+    spec = dict(samples=args.samples, sample_bytes=sample_bytes)
+    if not osp.exists(marker) or json.load(open(marker)) != spec:
+        shutil.rmtree(data_dir, ignore_errors=True)
+        print(f'writing {args.samples} samples of ~{args.sample_kb:g} KB to '
+              f'{data_dir} ...', flush=True)
+        write_dataset(data_dir, args.samples, sample_bytes)
+        with open(marker, 'w') as f:
+            json.dump(spec, f)
+    shutil.rmtree(osp.join(work_dir, 'index'), ignore_errors=True)
+    data_bytes = directory_bytes(osp.join(data_dir, 'data'))
+    budgets = [float(b) for b in args.budgets.split(',') if b]
+    args.budget_bytes = {
+        f'ours@{b:g}%': int(data_bytes * b / 100)
+        for b in budgets
+    }
+    default = [c for c in BASELINES + ('ours', )
+               if not (args.quick and c == 'fsspec_simple')]
+    wanted = (args.configs or ','.join(default)).split(',')
+    configs = [c for c in BASELINES if c in wanted]
+    if 'ours' in wanted:
+        configs += list(args.budget_bytes)
+    results, skipped = [], {}
+    with LoopbackHTTPServer(
+            data_dir,
+            latency=args.latency,
+            bandwidth=args.bandwidth * 1e6,
+            log_downloads=True,
+            max_lifetime=24 * 3600) as server:
+        args.url = server.base_url
+        for name in configs:
+            if name in PIP_NAMES:
+                skipped[name] = not_run_reason(name, args.check_installable)
+                continue
+            if name == 'fsspec_simple' and not (
+                    importlib.util.find_spec('fsspec')
+                    and importlib.util.find_spec('aiohttp')):
+                skipped[name] = ('not installed (fsspec and, for its HTTP '
+                                 'filesystem, aiohttp)')
+                continue
+            if name.startswith('ours@') and not ours_available():
+                skipped[name] = 'the node_cache backend is not in this build'
+                continue
+            print(f'running {name} ...', flush=True)
+            results.append(run_config(name, args, server, work_dir))
+    report(results, skipped, data_bytes, args)
+    with open(osp.join(work_dir, 'results.json'), 'w') as f:
+        json.dump(
+            dict(
+                results=results,
+                skipped=skipped,
+                data_bytes=data_bytes,
+                settings={
+                    k: v
+                    for k, v in vars(args).items() if k != 'budget_bytes'
+                }),
+            f,
+            indent=1)
+
+
+def report(results, skipped, data_bytes, args):
+    data_mb = data_bytes / 1e6
+    bound = args.ranks * args.workers / args.latency
+    print(f'\n{args.samples} samples, {data_mb:.0f} MB; remote: '
+          f'{args.latency * 1e3:g} ms/request, {args.bandwidth:g} MB/s '
+          f'cap; {args.ranks} ranks x {args.workers} workers, batch '
+          f'{args.batch_size}; an uncached reader is bound at ~{bound:.0f} '
+          f'samples/s and reads the first "set" samples only (sized for '
+          f'{args.time_box:g} s per epoch at that bound); "/set" = remote '
+          f'bytes over the bytes of that set. * = epoch cut at '
+          f'{3 * args.time_box:g} s.')
+    local = next((r for r in results if r['name'] == 'local'), None)
+    header = (f'{"config":<15}{"set":>6}{"ep":>3}{"samples/s":>11}'
+              f'{"vs local":>9}'
+              f'{"p99 wait ms":>12}{"remote MB":>10}{"/set":>7}'
+              f'{"hit %":>7}{"dup dl":>7}{"disk/budget":>12}{"wrong":>6}')
+    print(header)
+    print('-' * len(header))
+    for result in results:
+        budget = args.budget_bytes.get(result['name'])
+        disk = (f'{result["peak_disk_mb"] * 1e6 / budget:.2f}'
+                if budget else f'{result["peak_disk_mb"]:.0f} MB'
+                if result['peak_disk_mb'] else '-')
+        set_mb = data_mb * result['subset'] / args.samples
+        for e, epoch in enumerate(result['epochs']):
+            ratio = '' if local is None else '%.2f' % (
+                epoch['samples_per_s'] / local['epochs'][e]['samples_per_s'])
+            hit = '-' if epoch['hit_rate'] is None else '%.1f' % (
+                100 * epoch['hit_rate'])
+            first = e == 0
+            print(f'{result["name"] if first else "":<15}'
+                  f'{result["subset"] if first else "":>6}{e + 1:>3}'
+                  f'{epoch["samples_per_s"]:>10.0f}'
+                  f'{"*" if epoch["cut"] else " "}{ratio:>9}'
+                  f'{epoch["p99_wait_ms"]:>12.1f}{epoch["remote_mb"]:>10.1f}'
+                  f'{epoch["remote_mb"] / set_mb:>7.2f}'
+                  f'{hit:>7}{epoch["duplicates"]:>7}'
+                  f'{disk if e == 0 else "":>12}{epoch["wrong"]:>6}')
+    for name, reason in skipped.items():
+        print(f'{name:<15} {reason}')
+
+
+if __name__ == '__main__':
+    main()
