@@ -78,8 +78,8 @@ import os
 import re
 import time
 import uuid
-from typing import (BinaryIO, Callable, Dict, Iterable, Iterator, NamedTuple,
-                    Optional, Tuple, Union)
+from typing import (BinaryIO, Callable, Dict, Iterable, Iterator, List,
+                    NamedTuple, Optional, Tuple, Union)
 
 from .process_owner import (current_owner, owner_file_name,
                             owner_from_file_name, owner_is_alive)
@@ -660,10 +660,16 @@ class NodeStore:
                               self._ledger.inflight_bytes(),
                               self._ledger.entry_count(), self.limit)
 
-    def entries(self, namespace: Optional[str] = None) -> Iterator[EntryRow]:
+    def entries(self, namespace: Optional[str] = None) -> List[EntryRow]:
         """The published entries (``digest, namespace, key, size,
-        last_access``); usable inside ``eviction_policy``."""
-        return self._ledger.entries(namespace)
+        last_access``); usable inside ``eviction_policy``.
+
+        A snapshot taken under the ledger's lock: threads of one process
+        share its SQLite connection, and a cursor left open while another
+        thread commits on that connection reads garbage.
+        """
+        with self._ledger.transaction():
+            return list(self._ledger.entries(namespace))
 
     def count(self, namespace: str, name: str, value: int = 1) -> None:
         """Add ``value`` to this process's counter ``name`` of
