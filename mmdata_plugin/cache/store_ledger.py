@@ -16,7 +16,31 @@ import os
 import sqlite3
 import threading
 import time
+import weakref
 from typing import Dict, Iterator, List, NamedTuple, Optional
+
+# SQLite must never close, in a forked child, a connection its parent
+# opened: the child holds none of the parent's POSIX locks, so closing the
+# last connection it knows of checkpoints the WAL and deletes it under the
+# parent's feet ("database disk image is malformed" in every other process).
+# A fork therefore parks every open connection here, in the child, for good;
+# the child opens its own on first use.
+_LEDGERS: 'weakref.WeakSet[StoreLedger]' = weakref.WeakSet()
+_INHERITED: list = []
+
+
+def _park_inherited_connections() -> None:
+    for ledger in list(_LEDGERS):
+        if ledger._connection is not None:
+            _INHERITED.append(ledger._connection)
+            ledger._connection = None
+            ledger._pid = None
+        # a parent thread may have held it at the fork
+        ledger._lock = threading.RLock()
+        ledger._depth = 0
+
+
+os.register_at_fork(after_in_child=_park_inherited_connections)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS entries (
@@ -68,6 +92,7 @@ class StoreLedger:
         self._connection = None
         self._lock = threading.RLock()
         self._depth = 0
+        _LEDGERS.add(self)
 
     def __getstate__(self):
         return {'path': self.path}
