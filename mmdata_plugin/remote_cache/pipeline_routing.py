@@ -1,6 +1,6 @@
 """Which transforms of a pipeline read through the node cache, and how to
 route them there."""
-from typing import List, Optional, Union
+from typing import List, Optional, Sequence, Union
 
 
 def _reading_transforms(dataset) -> List:
@@ -52,3 +52,23 @@ def route_through_node_cache(dataset, cache_dir: str,
             remote=remote if remote is not None else before)
         routed += 1
     return routed
+
+
+class SampleFiles:
+    """``sample id -> files it reads``, from the dataset's data infos.
+
+    Args:
+        dataset: A dataset with ``get_data_info``.
+        path_keys (Sequence[str]): Data-info keys that hold file paths.
+    """
+
+    def __init__(self, dataset, path_keys: Sequence[str]) -> None:
+        self.dataset = dataset
+        self.path_keys = tuple(path_keys)
+
+    def __call__(self, sample: int) -> List[str]:
+        info = self.dataset.get_data_info(sample)
+        return [
+            info[key] for key in self.path_keys
+            if isinstance(info.get(key), str)
+        ]

@@ -3,7 +3,7 @@ import logging
 import math
 import os
 import time
-from typing import List, Optional, Sequence, Union
+from typing import Optional, Sequence, Union
 
 from mmengine.dist import broadcast_object_list, get_dist_info
 from mmengine.hooks import Hook
@@ -14,7 +14,8 @@ from ...cache.node_store import NodeStore
 from ...cache.size_units import parse_size
 from ...remote_cache.consumption_cursors import CursorWriter
 from ...remote_cache.node_stream import NodeStream
-from ...remote_cache.pipeline_routing import (find_node_cache_args,
+from ...remote_cache.pipeline_routing import (SampleFiles,
+                                              find_node_cache_args,
                                               route_through_node_cache)
 from ...remote_cache.prefetch_process import PrefetchProcess, PrefetchSpec
 from ...remote_cache.sample_order import sample_order_of
@@ -40,21 +41,6 @@ def _base_dataset(dataset):
     while not hasattr(dataset, 'get_data_info') and seen < 8:
         dataset, seen = getattr(dataset, 'dataset', None), seen + 1
     return dataset
-
-
-class _SampleUrls:
-    """``sample id -> files it reads``, from the dataset's data infos."""
-
-    def __init__(self, dataset, path_keys: Sequence[str]) -> None:
-        self.dataset = dataset
-        self.path_keys = tuple(path_keys)
-
-    def __call__(self, sample: int) -> List[str]:
-        info = self.dataset.get_data_info(sample)
-        return [
-            info[key] for key in self.path_keys
-            if isinstance(info.get(key), str)
-        ]
 
 
 @HOOKS.register_module()
@@ -221,7 +207,7 @@ class RemoteCachePrefetchHook(Hook):
             remote=self._args.get('remote'),
             size_hint=int(self._args.get('size_hint', 0)),
             stream=stream,
-            sample_urls=_SampleUrls(_base_dataset(loader.dataset),
+            sample_urls=SampleFiles(_base_dataset(loader.dataset),
                                     self.path_keys),
             ranks=list(range(stream.first_rank,
                              stream.first_rank + stream.local_ranks)),
