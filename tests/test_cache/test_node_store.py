@@ -312,8 +312,9 @@ def test_fork_while_threads_use_the_store(tmp_path):
     """Processes forked while another thread of the parent writes the store
     (the prefetch process, DataLoader workers) keep the ledger sound: no
     SQLite connection or lock state crosses the fork (on the code before
-    the fix this failed with 'disk I/O error' / 'database disk image is
-    malformed')."""
+    the fix a child hung on 'database is locked' and never exited; the
+    benchmark's DataLoader workers got 'disk I/O error' / 'database disk
+    image is malformed')."""
     cache_dir = str(tmp_path / 'store')
     limit = 400 * 2000
     store = NodeStore(cache_dir, limit)
