@@ -82,8 +82,8 @@ def parse_args(argv=None):
                         help='run pip install --dry-run for litdata/mosaic '
                         'when they are not installed (network or index)')
     parser.add_argument('--quick', action='store_true',
-                        help='2000 samples, 25%% budget, 6 s time box, '
-                        'no fsspec')
+                        help='2000 samples, 25%% budget, batch size 16, '
+                        '6 s time box, no fsspec')
     parser.add_argument(
         '--work-dir',
         default=osp.join(tempfile.gettempdir(), 'mmdata_benchmark_remote'))
@@ -95,6 +95,9 @@ def parse_args(argv=None):
     if args.quick:
         args.samples = min(args.samples, 2000)
         args.budgets = '25'
+        # the node cache must hold what the DataLoaders read ahead twice
+        # over: 2 ranks x (2 x 2 workers + 2) batches of 32 would need 38%
+        args.batch_size = min(args.batch_size, 16)
         args.time_box = min(args.time_box, 6)
     return args
 
@@ -145,13 +148,67 @@ def ours_available() -> bool:
 
 
 @contextlib.contextmanager
-def ours_prefetch(dataset, sampler, backend_args: dict, epochs: int):
-    """Run the node's prefetcher around a rank's loop, where one exists.
+def ours_prefetch(dataset, sampler, backend_args: dict, epochs: int,
+                  batch_size: int, workers: int):
+    """Run the node's prefetcher around a rank's loop.
 
-    Without it the ``node_cache`` backend still caches what the workers
-    read (single flight, budget), but fetches on demand only.
+    What ``RemoteCachePrefetchHook`` does in a runner, for this bare loop:
+    every rank publishes its position (the yielded cursor writer, after each
+    batch); the node's first rank forks the prefetch process that plans the
+    node's reads from the sampler's order math.
     """
-    yield
+    import torch.distributed as dist
+    from torch.utils.data import BatchSampler
+
+    from mmdata_plugin.cache.node_store import NodeStore
+    from mmdata_plugin.cache.size_units import parse_size
+    from mmdata_plugin.engine.hooks.remote_cache_prefetch_hook import \
+        node_ranks
+    from mmdata_plugin.remote_cache.consumption_cursors import CursorWriter
+    from mmdata_plugin.remote_cache.node_stream import NodeStream
+    from mmdata_plugin.remote_cache.pipeline_routing import SampleFiles
+    from mmdata_plugin.remote_cache.prefetch_process import (PrefetchProcess,
+                                                             PrefetchSpec)
+    from mmdata_plugin.remote_cache.sample_order import sample_order_of
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    local_rank, local_size = node_ranks()
+    cache_dir = backend_args['cache_dir']
+    limit = parse_size(backend_args['cache_limit'])
+    NodeStore(cache_dir, limit)  # claims the directory first
+    token = [time.time_ns()]
+    dist.broadcast_object_list(token)
+    writer = CursorWriter(cache_dir, rank, token[0])
+    writer.publish(0, 0)
+    process = None
+    if local_rank == 0:
+        stream = NodeStream(
+            sample_order_of(BatchSampler(sampler, batch_size, False),
+                            world_size), world_size, rank, local_size)
+        process = PrefetchProcess(
+            PrefetchSpec(
+                cache_dir=cache_dir,
+                cache_limit=limit,
+                remote=backend_args.get('remote'),
+                size_hint=0,
+                stream=stream,
+                sample_urls=SampleFiles(dataset, ('img_path', )),
+                ranks=list(range(rank, rank + local_size)),
+                token=token[0],
+                reserve=limit // 10,
+                readahead=(2 * workers + 2) * batch_size * local_size,
+                max_inflight=64,
+                stop=epochs * stream.epoch_ticks,
+                horizon=2 * stream.epoch_ticks))
+    try:
+        yield writer
+        if process is not None and not process.alive:
+            raise RuntimeError(
+                f'the node prefetcher exited (code {process.exitcode}) '
+                'before the end; its error is in the output above')
+    finally:
+        if process is not None:
+            process.stop()
+        writer.close()
 
 
 # ------------------------------------------------------------ readers
@@ -257,10 +314,12 @@ def run_rank(args) -> None:
         persistent_workers=True,
         collate_fn=collate)
     epochs = []
-    context = ours_prefetch(dataset, sampler, reader.get('backend_args'),
-                            args.epochs) if args.rank_run.startswith(
-                                'ours@') else contextlib.nullcontext()
-    with context:
+    context = ours_prefetch(
+        dataset, sampler, reader.get('backend_args'), args.epochs,
+        args.batch_size, args.workers) if args.rank_run.startswith(
+            'ours@') else contextlib.nullcontext()
+    per_batch = args.batch_size * dist.get_world_size()
+    with context as cursor:
         for epoch in range(args.epochs):
             sampler.set_epoch(epoch)
             dist.barrier()
@@ -273,6 +332,8 @@ def run_rank(args) -> None:
                 if batch is None:
                     break
                 waits.append(time.perf_counter() - asked)
+                if cursor is not None:
+                    cursor.publish(epoch, len(waits) * per_batch)
                 samples += len(batch)
                 wrong += sum(not item['ok'] for item in batch)
                 if time.time() - start > 3 * args.time_box:
@@ -342,9 +403,12 @@ def run_config(name: str, args, server, work_dir: str) -> dict:
     finally:
         done.set()
         watcher.join()
+    # Ranks print at the same moment; a long line of one may run into the
+    # other's, so each object is decoded from where its tag starts.
+    decoder = json.JSONDecoder()
     ranks = [
-        json.loads(line[len('RESULT '):]) for line in out.splitlines()
-        if line.startswith('RESULT ')
+        decoder.raw_decode(chunk)[0]
+        for chunk in out.split('RESULT ')[1:]
     ]
     result = summarize(name, ranks, server.download_log(), peak[0], args)
     result['subset'] = settings['subset']

@@ -8,8 +8,10 @@ blocked), so a process killed mid-change leaves the ledger as it was before
 the change. SQLite releases its locks when a process dies, so no stale lock
 can block a later run.
 
-Each process opens its own connection (again after a fork: a SQLite
-connection must not cross a fork).
+Each process opens its own connection; it is closed before any fork and
+reopened on first use, so none crosses a fork. Threads of a process share
+it, always under the ledger's lock (a query of one thread never runs inside
+another thread's transaction or while it commits).
 """
 import contextlib
 import os
@@ -19,17 +21,43 @@ import time
 import weakref
 from typing import Dict, Iterator, List, NamedTuple, Optional
 
-# SQLite must never close, in a forked child, a connection its parent
-# opened: the child holds none of the parent's POSIX locks, so closing the
-# last connection it knows of checkpoints the WAL and deletes it under the
-# parent's feet ("database disk image is malformed" in every other process).
-# A fork therefore parks every open connection here, in the child, for good;
-# the child opens its own on first use.
+# No SQLite connection may cross a fork. SQLite keeps per-process state for
+# every open database file (the POSIX locks it believes it holds, the WAL
+# index mapping) and a forked child inherits that state without the locks:
+# a connection the child opens then skips locks it does not hold, and one it
+# closes may checkpoint and delete the WAL under the other processes' feet
+# ("database disk image is malformed", "file is not a database"). So before
+# any fork (DataLoader workers, the remote-cache prefetch process, ...) every
+# ledger of the process is locked, which waits for a transaction or a read
+# in another thread to finish, and its connection is closed; the parent and
+# the child each reopen one on first use. Only when the forking thread is
+# itself inside a transaction can the connection not be closed; the child
+# then parks it for good (never uses, never closes it).
 _LEDGERS: 'weakref.WeakSet[StoreLedger]' = weakref.WeakSet()
 _INHERITED: list = []
+_FORK_LOCK_SECONDS = 60
+_HELD_AT_FORK: list = []
+
+
+def _close_before_fork() -> None:
+    for ledger in list(_LEDGERS):
+        if not ledger._lock.acquire(timeout=_FORK_LOCK_SECONDS):
+            continue  # the child parks it (see _park_inherited_connections)
+        _HELD_AT_FORK.append(ledger)
+        if (ledger._depth == 0 and ledger._connection is not None
+                and ledger._pid == os.getpid()):
+            ledger._connection.close()
+            ledger._connection = None
+            ledger._pid = None
+
+
+def _release_after_fork_in_parent() -> None:
+    while _HELD_AT_FORK:
+        _HELD_AT_FORK.pop()._lock.release()
 
 
 def _park_inherited_connections() -> None:
+    _HELD_AT_FORK.clear()
     for ledger in list(_LEDGERS):
         if ledger._connection is not None:
             _INHERITED.append(ledger._connection)
@@ -40,7 +68,9 @@ def _park_inherited_connections() -> None:
         ledger._depth = 0
 
 
-os.register_at_fork(after_in_child=_park_inherited_connections)
+os.register_at_fork(before=_close_before_fork,
+                    after_in_parent=_release_after_fork_in_parent,
+                    after_in_child=_park_inherited_connections)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS entries (
@@ -102,6 +132,7 @@ class StoreLedger:
 
     @property
     def connection(self) -> sqlite3.Connection:
+        """This process's connection (use it under :attr:`lock`)."""
         if self._pid != os.getpid():
             self._connection = self._connect()
             self._pid = os.getpid()
@@ -154,24 +185,27 @@ class StoreLedger:
             finally:
                 self._depth = 0
 
+    def _rows(self, sql: str, args=()) -> list:
+        """Run one statement under the lock; all its rows."""
+        with self._lock:
+            return self.connection.execute(sql, args).fetchall()
+
     # -- queries (inside or outside a transaction) -------------------------
 
     def committed_bytes(self) -> int:
-        return self.connection.execute(
-            "SELECT value FROM totals WHERE name='committed'").fetchone()[0]
+        return self._rows(
+            "SELECT value FROM totals WHERE name='committed'")[0][0]
 
     def inflight_bytes(self) -> int:
-        return self.connection.execute(
-            'SELECT COALESCE(SUM(nbytes), 0) FROM reservations').fetchone()[0]
+        return self._rows(
+            'SELECT COALESCE(SUM(nbytes), 0) FROM reservations')[0][0]
 
     def entry_count(self) -> int:
-        return self.connection.execute(
-            'SELECT COUNT(*) FROM entries').fetchone()[0]
+        return self._rows('SELECT COUNT(*) FROM entries')[0][0]
 
     def entry(self, digest: str) -> Optional[EntryRow]:
-        row = self.connection.execute(
-            'SELECT * FROM entries WHERE digest=?', (digest, )).fetchone()
-        return EntryRow(*row) if row else None
+        rows = self._rows('SELECT * FROM entries WHERE digest=?', (digest, ))
+        return EntryRow(*rows[0]) if rows else None
 
     def entries(self, namespace: Optional[str] = None,
                 by_access: bool = False) -> Iterator[EntryRow]:
@@ -182,24 +216,24 @@ class StoreLedger:
             args = (namespace, )
         if by_access:
             query += ' ORDER BY last_access'
-        for row in self.connection.execute(query, args):
+        # taken whole under the lock: no cursor stays open across commits
+        for row in self._rows(query, args):
             yield EntryRow(*row)
 
     def reservations(self) -> List[ReservationRow]:
         return [
-            ReservationRow(*row) for row in self.connection.execute(
-                'SELECT * FROM reservations')
+            ReservationRow(*row)
+            for row in self._rows('SELECT * FROM reservations')
         ]
 
     def reservation_bytes(self, reservation_id: int) -> Optional[int]:
-        row = self.connection.execute(
-            'SELECT nbytes FROM reservations WHERE id=?',
-            (reservation_id, )).fetchone()
-        return row[0] if row else None
+        rows = self._rows('SELECT nbytes FROM reservations WHERE id=?',
+                          (reservation_id, ))
+        return rows[0][0] if rows else None
 
     def retired_counters(self) -> Dict[str, Dict[str, int]]:
         counts: Dict[str, Dict[str, int]] = {}
-        for namespace, name, value in self.connection.execute(
+        for namespace, name, value in self._rows(
                 'SELECT * FROM retired_counters'):
             counts.setdefault(namespace, {})[name] = value
         return counts
@@ -207,53 +241,55 @@ class StoreLedger:
     # -- changes (inside a transaction) ------------------------------------
 
     def add_committed(self, delta: int) -> None:
-        self.connection.execute(
-            "UPDATE totals SET value=value+? WHERE name='committed'",
-            (delta, ))
+        self._rows("UPDATE totals SET value=value+? WHERE name='committed'",
+                   (delta, ))
 
     def insert_entry(self, row: EntryRow) -> None:
         """Insert or replace an entry, keeping the committed total right."""
-        old = self.entry(row.digest)
-        self.connection.execute(
-            'INSERT OR REPLACE INTO entries VALUES (?, ?, ?, ?, ?)', row)
-        self.add_committed(row.size - (old.size if old else 0))
+        with self._lock:
+            old = self.entry(row.digest)
+            self._rows('INSERT OR REPLACE INTO entries VALUES (?, ?, ?, ?, ?)',
+                       row)
+            self.add_committed(row.size - (old.size if old else 0))
 
     def delete_entry(self, digest: str) -> int:
         """Delete an entry's row; returns its size (0 if absent)."""
-        old = self.entry(digest)
-        if old is None:
-            return 0
-        self.connection.execute('DELETE FROM entries WHERE digest=?',
-                                (digest, ))
-        self.add_committed(-old.size)
-        return old.size
+        with self._lock:
+            old = self.entry(digest)
+            if old is None:
+                return 0
+            self._rows('DELETE FROM entries WHERE digest=?', (digest, ))
+            self.add_committed(-old.size)
+            return old.size
 
     def touch(self, accesses: Dict[str, float]) -> None:
-        self.connection.executemany(
-            'UPDATE entries SET last_access=max(last_access, ?) '
-            'WHERE digest=?', [(t, d) for d, t in accesses.items()])
+        with self._lock:
+            self.connection.executemany(
+                'UPDATE entries SET last_access=max(last_access, ?) '
+                'WHERE digest=?', [(t, d) for d, t in accesses.items()])
 
     def insert_reservation(self, owner: str, nbytes: int,
                            digest: Optional[str], namespace: Optional[str],
                            key: Optional[str]) -> int:
-        cursor = self.connection.execute(
-            'INSERT INTO reservations (owner, nbytes, created, digest, '
-            'namespace, key) VALUES (?, ?, ?, ?, ?, ?)',
-            (owner, nbytes, time.time(), digest, namespace, key))
-        return cursor.lastrowid
+        with self._lock:
+            cursor = self.connection.execute(
+                'INSERT INTO reservations (owner, nbytes, created, digest, '
+                'namespace, key) VALUES (?, ?, ?, ?, ?, ?)',
+                (owner, nbytes, time.time(), digest, namespace, key))
+            return cursor.lastrowid
 
     def resize_reservation(self, reservation_id: int, nbytes: int) -> None:
-        self.connection.execute('UPDATE reservations SET nbytes=? WHERE id=?',
-                                (nbytes, reservation_id))
+        self._rows('UPDATE reservations SET nbytes=? WHERE id=?',
+                   (nbytes, reservation_id))
 
     def delete_reservation(self, reservation_id: int) -> None:
-        self.connection.execute('DELETE FROM reservations WHERE id=?',
-                                (reservation_id, ))
+        self._rows('DELETE FROM reservations WHERE id=?', (reservation_id, ))
 
     def add_retired_counters(self, counts: Dict[str, Dict[str, int]]) -> None:
-        self.connection.executemany(
-            'INSERT INTO retired_counters VALUES (?, ?, ?) '
-            'ON CONFLICT (namespace, name) DO UPDATE SET value=value+?',
-            [(namespace, name, value, value)
-             for namespace, values in counts.items()
-             for name, value in values.items() if value])
+        with self._lock:
+            self.connection.executemany(
+                'INSERT INTO retired_counters VALUES (?, ?, ?) '
+                'ON CONFLICT (namespace, name) DO UPDATE SET value=value+?',
+                [(namespace, name, value, value)
+                 for namespace, values in counts.items()
+                 for name, value in values.items() if value])

@@ -153,6 +153,9 @@ class GrowingWindowSampler(RankShardedSampler):
         """Ids entering and leaving the window when ``epoch`` starts."""
         return self.window.changes(epoch)
 
-    def _epoch_ids(self, positions: np.ndarray) -> np.ndarray:
+    def ids_at(self, epoch: int, positions: np.ndarray) -> np.ndarray:
+        """Sample ids at global ``positions`` of ``epoch``'s window pass
+        (positions past its end, the rank padding, wrap around)."""
         return self.window.ids(
-            self.epoch, positions % self.window.window_size(self.epoch))
+            epoch,
+            np.asarray(positions, np.int64) % self.window.window_size(epoch))

@@ -235,20 +235,31 @@ class RankShardedSampler(_RankStream):
         """Samples per rank in a full (mini-)epoch."""
         return self.num_samples
 
+    def ids_at(self, epoch: int, positions: np.ndarray) -> np.ndarray:
+        """Sample ids at global ``positions`` of (mini-)epoch ``epoch``.
+
+        The one definition of an epoch's order: ``__iter__`` maps its
+        rank's positions through it, and cache planners ask it for the
+        future positions of any rank.
+
+        Args:
+            epoch (int): The (mini-)epoch, as given to ``set_epoch``.
+            positions (np.ndarray): Global positions in
+                ``[0, total_size)``.
+        """
+        perm_epoch, part = divmod(epoch, self.mini_epochs)
+        lo, hi = self._part_bounds(part)
+        return self._ids(perm_epoch,
+                         lo + np.asarray(positions, np.int64) % (hi - lo))
+
     def __iter__(self) -> Iterator[int]:
         start = self._take_start()
+        epoch = self.epoch
         count = max(0, -(-(self.total_size - start) // self.world_size))
         first = start + self.rank
         yield from self._yield_ids(
-            count, lambda a, b: self._epoch_ids(first + self.world_size *
-                                                np.arange(a, b)))
-
-    def _epoch_ids(self, positions: np.ndarray) -> np.ndarray:
-        """Ids at global ``positions`` of the current epoch; positions past
-        its end (rank padding) wrap around to its start."""
-        perm_epoch, part = divmod(self.epoch, self.mini_epochs)
-        lo, hi = self._part_bounds(part)
-        return self._ids(perm_epoch, lo + positions % (hi - lo))
+            count, lambda a, b: self.ids_at(
+                epoch, first + self.world_size * np.arange(a, b)))
 
 
 @DATA_SAMPLERS.register_module()
@@ -286,6 +297,24 @@ class RankShardedInfiniteSampler(_RankStream):
         """N, like mmengine's ``InfiniteSampler``."""
         return self.size
 
+    def ids_at(self, positions: np.ndarray) -> np.ndarray:
+        """Sample ids at global ``positions`` of the endless stream.
+
+        The one definition of the stream's order (see
+        :meth:`RankShardedSampler.ids_at`); positions may span passes.
+        """
+        positions = np.asarray(positions, np.int64)
+        passes = positions // self.size
+        first, last = int(passes.min(initial=0)), int(passes.max(initial=0))
+        if first == last:
+            return self._ids(first, positions - first * self.size)
+        ids = np.empty_like(positions)
+        for perm_epoch in range(first, last + 1):
+            inside = passes == perm_epoch
+            ids[inside] = self._ids(perm_epoch,
+                                    positions[inside] - perm_epoch * self.size)
+        return ids
+
     def __iter__(self) -> Iterator[int]:
         position = self._take_start() + self.rank
         while True:
@@ -296,11 +325,10 @@ class RankShardedInfiniteSampler(_RankStream):
             _, hi = self._part_bounds(part)
             count = -(-(perm_epoch * self.size + hi - position) //
                       self.world_size)
-            pass_start = position - perm_epoch * self.size
+            first = position
             yield from self._yield_ids(
-                count, lambda a, b: self._ids(
-                    perm_epoch,
-                    pass_start + self.world_size * np.arange(a, b)))
+                count, lambda a, b: self.ids_at(
+                    first + self.world_size * np.arange(a, b)))
             position += count * self.world_size
 
 

@@ -1,4 +1,5 @@
-from .hooks import DataMonitorHook, FastResumeHook, apply_data_monitor_env
+from .hooks import (DataMonitorHook, FastResumeHook, RemoteCachePrefetchHook,
+                    apply_data_monitor_env)
 from .optim import CPUAutocastOptimWrapper
 from .runner import (FastResumeEpochBasedTrainLoop,
                      FastResumeIterBasedTrainLoop)
@@ -6,5 +7,6 @@ from .runner import (FastResumeEpochBasedTrainLoop,
 __all__ = [
     'CPUAutocastOptimWrapper', 'DataMonitorHook', 'FastResumeHook',
     'FastResumeEpochBasedTrainLoop', 'FastResumeIterBasedTrainLoop',
+    'RemoteCachePrefetchHook',
     'apply_data_monitor_env'
 ]

@@ -292,3 +292,75 @@ def test_threads_share_one_store(tmp_path):
     with pytest.raises(ValueError, match='namespace'):
         store.lookup('Bad/Name', 'k')
     assert isinstance(store._ledger.connection, sqlite3.Connection)
+
+
+def _fork_child_uses_store(cache_dir, limit, prefix, rounds, errors):
+    try:
+        store = NodeStore(cache_dir, limit)
+        for i in range(rounds):
+            key = f'{prefix}-{i}'
+            store.get_or_produce('remote', key,
+                                 lambda f, key=key: f.write(_payload(key)),
+                                 2000)
+            store.usage()
+    except BaseException as error:  # reported to the parent
+        errors.put(repr(error))
+        raise
+
+
+def test_fork_while_threads_use_the_store(tmp_path):
+    """Processes forked while another thread of the parent writes the store
+    (the prefetch process, DataLoader workers) keep the ledger sound: no
+    SQLite connection or lock state crosses the fork (on the code before
+    the fix a child hung on 'database is locked' and never exited; the
+    benchmark's DataLoader workers got 'disk I/O error' / 'database disk
+    image is malformed')."""
+    cache_dir = str(tmp_path / 'store')
+    limit = 400 * 2000
+    store = NodeStore(cache_dir, limit)
+    stop = threading.Event()
+    thread_errors = []
+
+    def writer(name):
+        i = 0
+        try:
+            while not stop.is_set():
+                key = f'{name}-{i % 150}'
+                store.get_or_produce(
+                    'remote', key, lambda f, key=key: f.write(_payload(key)),
+                    2000)
+                store.usage()
+                i += 1
+        except BaseException as error:
+            thread_errors.append(error)
+
+    threads = [
+        threading.Thread(target=writer, args=(f't{n}', )) for n in range(2)
+    ]
+    for thread in threads:
+        thread.start()
+    errors = _FORK.Queue()
+    children = []
+    try:
+        for n in range(6):
+            child = _FORK.Process(target=_fork_child_uses_store,
+                                  args=(cache_dir, limit, f'c{n}', 40, errors))
+            child.start()
+            children.append(child)
+            time.sleep(0.05)
+        for child in children:
+            child.join(120)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+    reported = []
+    while not errors.empty():
+        reported.append(errors.get())
+    assert not reported and not thread_errors, (reported, thread_errors)
+    assert [child.exitcode for child in children] == [0] * len(children)
+    store.usage()
+    check = sqlite3.connect(osp.join(cache_dir, 'ledger.sqlite'))
+    assert check.execute('PRAGMA integrity_check').fetchone()[0] == 'ok'
+    check.close()
+    assert _store_files_bytes(cache_dir) <= limit

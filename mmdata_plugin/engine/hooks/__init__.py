@@ -1,4 +1,8 @@
 from .data_monitor_hook import DataMonitorHook, apply_data_monitor_env
 from .fast_resume_hook import FastResumeHook
+from .remote_cache_prefetch_hook import RemoteCachePrefetchHook
 
-__all__ = ['DataMonitorHook', 'FastResumeHook', 'apply_data_monitor_env']
+__all__ = [
+    'DataMonitorHook', 'FastResumeHook', 'RemoteCachePrefetchHook',
+    'apply_data_monitor_env'
+]

@@ -16,6 +16,7 @@ from mmdata_plugin.data_monitor import (DataLoaderMonitor, build_report,
                                         format_worker_table, plot_report,
                                         save_report)
 from mmdata_plugin.data_monitor.head_cache import add_head_cache
+from mmdata_plugin.data_monitor.remote_cache import add_remote_cache
 from mmdata_plugin.data_monitor.worker_timing import MonitoredBatch
 
 #: Environment variable read by :func:`apply_data_monitor_env`.
@@ -299,6 +300,9 @@ class DataMonitorHook(Hook):
         add_head_cache(report, runner.train_loop.dataloader.dataset,
                        runner.cfg.get('train_dataloader', {}).get(
                            'dataset', {}).get('pipeline'))
+        add_remote_cache(report, runner.train_loop.dataloader.dataset,
+                         runner.iter * int(os.environ.get(
+                             'LOCAL_WORLD_SIZE', get_world_size())))
         return report, [g.get('window') for g in gathered]
 
     def _path(self, runner, extension: str) -> str:

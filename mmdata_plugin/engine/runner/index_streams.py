@@ -71,24 +71,34 @@ def infinite_sampler_stream(size: int, seed: int, shuffle: bool, start: int,
         rank (int): This rank.
         world_size (int): Number of ranks sharing the stream.
     """
+    return _infinite_pairs(
+        infinite_sampler_passes(size, seed, shuffle, start // size),
+        size, start // size, start + rank, world_size)
+
+
+def infinite_sampler_passes(size: int, seed: int, shuffle: bool,
+                            first_pass: int) -> Iterator[torch.Tensor]:
+    """``InfiniteSampler``'s whole passes from pass ``first_pass`` on.
+
+    Pass ``p`` covers global positions ``p * size`` to ``(p + 1) * size``;
+    the passes before ``first_pass`` are skipped without being drawn.
+    """
     generator = None
     if shuffle:
         generator = torch.Generator()
         generator.manual_seed(seed)
-        skip_permutations(generator, size, start // size)
-    return _infinite_pairs(size, generator, start // size, start + rank,
-                           world_size)
-
-
-def _infinite_pairs(size: int, generator: Optional[torch.Generator],
-                    chunk: int, first: int, step: int) -> Pairs:
+        skip_permutations(generator, size, first_pass)
     while True:
-        base = chunk * size
         if generator is None:
-            order = torch.arange(size)
+            yield torch.arange(size)
         else:
-            order = torch.randperm(size, generator=generator)
-        offset = first - base
+            yield torch.randperm(size, generator=generator)
+
+
+def _infinite_pairs(passes: Iterator[torch.Tensor], size: int, chunk: int,
+                    first: int, step: int) -> Pairs:
+    for order in passes:
+        offset = first - chunk * size
         if offset < size:
             indices = order[offset::step]
             yield from _pairs(indices, first, step)
@@ -127,14 +137,35 @@ def default_sampler_stream(size: int, seed: int, epoch: int, shuffle: bool,
         rank (int): This rank.
         world_size (int): Number of ranks sharing the epoch.
     """
-    if shuffle:
-        generator = torch.Generator()
-        generator.manual_seed(seed + epoch)
-        order = torch.randperm(size, generator=generator)
-    else:
-        order = torch.arange(size)
-    rest = order[start:]
-    pad = -len(rest) % world_size if round_up else 0
-    if pad:
-        rest = torch.cat([rest, order.repeat(pad // size + 1)[:pad]])
+    order = _default_sampler_order(size, seed, epoch, shuffle)
+    rest = _padded(order[start:], order, world_size, round_up)
     return _pairs(rest[rank::world_size], start + rank, world_size)
+
+
+def default_sampler_epoch(size: int, seed: int, epoch: int, shuffle: bool,
+                          round_up: bool, world_size: int) -> torch.Tensor:
+    """``DefaultSampler``'s whole epoch as one global stream.
+
+    Position ``p`` of the result is what rank ``p % world_size`` yields as
+    its ``p // world_size``-th index (padding included), i.e. the stream
+    :func:`default_sampler_stream` serves from ``start=0``.
+    """
+    order = _default_sampler_order(size, seed, epoch, shuffle)
+    return _padded(order, order, world_size, round_up)
+
+
+def _default_sampler_order(size: int, seed: int, epoch: int,
+                           shuffle: bool) -> torch.Tensor:
+    if not shuffle:
+        return torch.arange(size)
+    generator = torch.Generator()
+    generator.manual_seed(seed + epoch)
+    return torch.randperm(size, generator=generator)
+
+
+def _padded(rest: torch.Tensor, order: torch.Tensor, world_size: int,
+            round_up: bool) -> torch.Tensor:
+    pad = -len(rest) % world_size if round_up else 0
+    if not pad:
+        return rest
+    return torch.cat([rest, order.repeat(pad // len(order) + 1)[:pad]])

@@ -1,0 +1,223 @@
+"""A fileio backend that reads remote files through the node cache.
+
+Configured in ``backend_args``, so every transform that reads through
+mmengine's fileio (``LoadImageFromFile``, ``LoadAnnotations``, ours) reads
+the node's local copy, waits on the download already in flight (the
+store's single flight), or downloads the file itself::
+
+    backend_args = dict(
+        backend='node_cache',
+        remote=dict(backend='http'),    # any fileio backend's arguments
+        cache_dir='/local/nvme/cache',  # one per node
+        cache_limit='200GB')
+
+Files are the ``'remote'`` namespace of a
+:class:`~mmdata_plugin.cache.node_store.NodeStore`, keyed by their path
+(the URL). What is kept, and for how long, is the node prefetcher's plan
+(:class:`~mmdata_plugin.engine.hooks.RemoteCachePrefetchHook`); without it
+the store keeps the most recently read files.
+"""
+import contextlib
+import os
+import time
+from typing import Dict, Iterator, List, Optional, Tuple, Union
+
+from mmengine.fileio import get_file_backend
+from mmengine.fileio.backends import BaseStorageBackend, register_backend
+
+from ..cache.node_store import NodeStore, StoreEntry
+
+#: Store namespace of downloaded files.
+NAMESPACE = 'remote'
+#: Counter namespace of reads through the backend (hits, misses, wait_us).
+READS = 'remote_reads'
+#: The running prefetcher's eviction order, for the readers' stores.
+VICTIMS_FILE = os.path.join('planner', 'victims.txt')
+#: A victims file older than this is a dead prefetcher's.
+VICTIMS_MAX_AGE = 10.0
+
+
+class PlannedEviction:
+    """Eviction policy of a reader's store: the prefetcher's order first.
+
+    A reader that downloads on demand (the prefetcher lags, or a file the
+    plan does not know) may need room. It evicts what the node's prefetcher
+    lists as least needed (files no plan needs, then kept samples read
+    furthest ahead, never one read within the prefetch window), then, when
+    that is not enough or no prefetcher runs, the least recently used.
+
+    Args:
+        store (NodeStore): The reader's store.
+    """
+
+    def __init__(self, store: NodeStore) -> None:
+        self.store = store
+        self.path = os.path.join(store.cache_dir, VICTIMS_FILE)
+
+    def planned(self) -> List[str]:
+        try:
+            if time.time() - os.path.getmtime(self.path) > VICTIMS_MAX_AGE:
+                return []
+            with open(self.path) as file:
+                return file.read().splitlines()
+        except FileNotFoundError:
+            return []
+
+    def __call__(self, nbytes: int) -> Iterator[Tuple[str, str]]:
+        planned = self.planned()
+        for url in planned:
+            yield NAMESPACE, url
+        if not planned:
+            yield from self.store.least_recently_used(nbytes)
+
+
+def write_victims(cache_dir: str, urls: List[str]) -> None:
+    """Publish the prefetcher's eviction order (see :class:`PlannedEviction`)."""
+    path = os.path.join(cache_dir, VICTIMS_FILE)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path + '.tmp', 'w') as file:
+        file.write('\n'.join(urls))
+    os.replace(path + '.tmp', path)
+
+
+class RemoteReader:
+    """Downloads remote files into a node store.
+
+    Shared by the backend (reads on demand) and the prefetcher (reads
+    ahead), so both count the bytes they download the same way.
+
+    Args:
+        store (NodeStore): The node store.
+        remote (dict, optional): ``backend_args`` of the remote fileio
+            backend; None infers it from each path's prefix (``s3://``,
+            ``http://``).
+        size_hint (int): Bytes reserved for a file whose size is not known
+            yet; the store grows the reservation to the bytes written, so
+            0 reserves exactly the file's size.
+    """
+
+    def __init__(self, store: NodeStore, remote: Optional[dict] = None,
+                 size_hint: int = 0) -> None:
+        self.store = store
+        self.remote_args = dict(remote or {})
+        self.size_hint = size_hint
+        self._backends: Dict[str, BaseStorageBackend] = {}
+
+    def remote(self, url: str) -> BaseStorageBackend:
+        """The remote backend for ``url``."""
+        prefix = url.split('://', 1)[0] if '://' in url else ''
+        backend = self._backends.get(prefix)
+        if backend is None:
+            backend = get_file_backend(url, backend_args=self.remote_args)
+            self._backends[prefix] = backend
+        return backend
+
+    def entry_path(self, url: str) -> str:
+        return self.store.entry_path(NAMESPACE, url)
+
+    def fetch(self, url: str, size_hint: Optional[int] = None,
+              admit: bool = True) -> StoreEntry:
+        """The store entry of ``url``, downloaded once if missing."""
+
+        def produce(file) -> None:
+            backend = self.remote(url)
+            # Our remote backends stream into the file (and resume a cut
+            # body); any other fileio backend hands over the bytes.
+            if callable(getattr(backend, 'download', None)):
+                backend.download(url, file)
+            else:
+                file.write(backend.get(url))
+            self.store.count(NAMESPACE, 'produced_bytes', file.tell())
+
+        # A reservation that outgrows the hint is grown while writing.
+        hint = min(self.size_hint if size_hint is None else size_hint,
+                   self.store.limit)
+        return self.store.get_or_produce(NAMESPACE, url, produce, hint,
+                                         admit=admit)
+
+
+@register_backend('node_cache')
+class NodeCacheBackend(BaseStorageBackend):
+    """Read remote files through a bounded cache shared by the node.
+
+    Args:
+        cache_dir (str): Node-local cache directory (empty or already a
+            node store).
+        cache_limit (int | str): Hard byte budget of the directory, e.g.
+            ``'200GB'``; every process of the node must use the same.
+        remote (dict, optional): ``backend_args`` of the backend that reads
+            the remote files; None infers it from the path prefix.
+        size_hint (int): Bytes reserved before a download of unknown size
+            (it grows to the bytes written). Defaults to 0.
+    """
+
+    def __init__(self,
+                 cache_dir: str,
+                 cache_limit: Union[int, str],
+                 remote: Optional[dict] = None,
+                 size_hint: int = 0) -> None:
+        self.store = NodeStore(cache_dir, cache_limit)
+        self.store.eviction_policy = PlannedEviction(self.store)
+        self.reader = RemoteReader(self.store, remote, size_hint)
+
+    @contextlib.contextmanager
+    def _local(self, filepath) -> Iterator[str]:
+        """A local path holding ``filepath``'s bytes while in the block."""
+        url = str(filepath)
+        path = self.store.lookup(NAMESPACE, url)
+        if path is not None:
+            self.store.count(READS, 'hits')
+            yield path
+            return
+        start = time.perf_counter()
+        with self.reader.fetch(url) as entry:
+            self.store.count(READS, 'misses')
+            self.store.count(READS, 'wait_us',
+                             (time.perf_counter() - start) * 1e6)
+            yield entry.path
+
+    def get(self, filepath) -> bytes:
+        """The file's bytes (from the node cache when it holds them)."""
+        for attempt in range(3):
+            try:
+                with self._local(filepath) as path:
+                    with open(path, 'rb') as file:
+                        return file.read()
+            except FileNotFoundError:
+                # Evicted between lookup and open: fetch it again.
+                if attempt == 2:
+                    raise
+
+    def get_text(self, filepath, encoding: str = 'utf-8') -> str:
+        return self.get(filepath).decode(encoding)
+
+    @contextlib.contextmanager
+    def get_local_path(self, filepath) -> Iterator[str]:
+        """A local copy of ``filepath`` (the cache entry itself)."""
+        with self._local(filepath) as path:
+            yield path
+
+    def exists(self, filepath) -> bool:
+        url = str(filepath)
+        if self.store.lookup(NAMESPACE, url) is not None:
+            return True
+        return self.reader.remote(url).exists(url)
+
+    def isfile(self, filepath) -> bool:
+        return self.exists(filepath)
+
+    def join_path(self, filepath, *filepaths) -> str:
+        url = str(filepath)
+        return self.reader.remote(url).join_path(url, *filepaths)
+
+    def stat(self, filepath):
+        """Size and ETag of the remote object (what CachedPipelineHead keys
+        its entries on), asked of the remote: the cached copy's age says
+        nothing about whether the object changed since."""
+        url = str(filepath)
+        stat = getattr(self.reader.remote(url), 'stat', None)
+        if not callable(stat):
+            raise TypeError(
+                f'the remote backend of {url} '
+                f'({type(self.reader.remote(url)).__name__}) has no stat()')
+        return stat(url)

@@ -1,0 +1,117 @@
+"""Run a node's prefetcher in a process of its own.
+
+Forked from the training process of the node's first rank, so that it
+inherits the sampler and the dataset (no pickling, no second index build)
+and its downloads and planning do not compete with training for the GIL.
+It stops when told, when its parent dies, or on Ctrl-C; its downloads are
+daemon threads and anything they leave half-written is a temp file that the
+store reclaims.
+"""
+import multiprocessing
+import os
+import time
+from typing import Callable, List, NamedTuple, Optional
+
+from mmengine.logging import print_log
+
+from ..cache.node_store import NodeStore
+from .consumption_cursors import CursorReader
+from .node_cache_backend import RemoteReader
+from .node_stream import NodeStream
+from .prefetcher import NodePrefetcher
+
+_POLL_SECONDS = 0.005
+_STATUS_SECONDS = 0.5
+
+
+class PrefetchSpec(NamedTuple):
+    """Everything the prefetch process needs (inherited by fork)."""
+    cache_dir: str
+    cache_limit: int
+    remote: Optional[dict]
+    size_hint: int
+    stream: NodeStream
+    sample_urls: Callable[[int], List[str]]
+    ranks: List[int]
+    token: int
+    reserve: int
+    readahead: int
+    max_inflight: int
+    stop: Optional[int]
+    horizon: int
+
+
+def build_prefetcher(spec: PrefetchSpec) -> NodePrefetcher:
+    store = NodeStore(spec.cache_dir, spec.cache_limit)
+    prefetcher = NodePrefetcher(
+        RemoteReader(store, spec.remote, spec.size_hint),
+        spec.stream,
+        spec.sample_urls,
+        CursorReader(spec.cache_dir, spec.ranks, spec.token),
+        reserve=spec.reserve,
+        readahead=spec.readahead,
+        max_inflight=spec.max_inflight,
+        stop=spec.stop,
+        horizon=spec.horizon)
+    # The plan decides what goes when a download needs room.
+    store.eviction_policy = prefetcher.victims
+    return prefetcher
+
+
+def _run(spec: PrefetchSpec, stop_event, parent: int) -> None:
+    prefetcher = build_prefetcher(spec)
+    next_status = 0.0
+    try:
+        while not stop_event.is_set() and os.getppid() == parent:
+            prefetcher.poll()
+            now = time.monotonic()
+            if now >= next_status:
+                prefetcher.write_status(spec.cache_dir)
+                prefetcher.write_victims(spec.cache_dir)
+                next_status = now + _STATUS_SECONDS
+            stop_event.wait(_POLL_SECONDS)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        prefetcher.close()
+        prefetcher.write_status(spec.cache_dir)
+
+
+class PrefetchProcess:
+    """Start, and stop cleanly, the prefetch process of a node.
+
+    Args:
+        spec (PrefetchSpec): What to prefetch.
+    """
+
+    def __init__(self, spec: PrefetchSpec) -> None:
+        context = multiprocessing.get_context('fork')
+        self._stop = context.Event()
+        self._process = context.Process(
+            target=_run,
+            args=(spec, self._stop, os.getpid()),
+            name='node-cache-prefetch',
+            daemon=True)
+        self._process.start()
+
+    @property
+    def alive(self) -> bool:
+        return self._process.is_alive()
+
+    @property
+    def exitcode(self) -> Optional[int]:
+        return self._process.exitcode
+
+    def stop(self, timeout: float = 30) -> None:
+        """Ask the process to stop; kill it if it does not within
+        ``timeout`` seconds (a download stuck on a dead connection)."""
+        self._stop.set()
+        self._process.join(timeout)
+        if self._process.is_alive():
+            print_log(
+                'The remote cache prefetcher did not stop within '
+                f'{timeout:.0f} s; killing it (the store reclaims what it '
+                'was writing).',
+                logger='current')
+            self._process.kill()
+            self._process.join()

@@ -1,0 +1,435 @@
+"""The node prefetcher: downloads ahead of the readers, keeps what the plan
+keeps, and frees the rest once the training loops have consumed it.
+
+One per node (see :class:`~mmdata_plugin.engine.hooks.RemoteCachePrefetchHook`).
+Each :meth:`NodePrefetcher.poll`:
+
+1. reads the node's position: the smallest next tick of its ranks
+   (:mod:`.consumption_cursors`);
+2. unpins what every rank has consumed; a sample with no pin left is
+   evicted from the store;
+3. decides the ticks up to ``position + window`` (:class:`~.stream_planner.
+   StreamPlanner`: hit or download, kept until which tick, dropped) and
+   starts their downloads, at most ``target_inflight`` at a time.
+
+Pins: a read at tick ``t`` pins its sample until the loops pass ``t``; a
+"kept" decision pins it until its next read or until the tick the plan
+drops it. The window covers the batches the DataLoaders read ahead of the
+loop plus what arrives within the download latency at the measured rate
+(Little's law: in flight = misses/s x latency).
+"""
+import heapq
+import json
+import logging
+import math
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, Dict, List, Optional
+
+from mmengine.logging import print_log
+
+from .consumption_cursors import CursorReader
+from .node_cache_backend import NAMESPACE, RemoteReader, write_victims
+from .node_stream import NodeStream
+from .stream_planner import StreamPlanner
+
+#: Samples downloaded before planning when no size is known yet.
+_SIZE_PROBES = 4
+#: Gauges of the running prefetcher, for monitors (JSON, replaced atomically).
+STATUS_FILE = 'planner/status.json'
+
+
+class NodePrefetcher:
+    """Plans, downloads and frees the remote files of one node.
+
+    Args:
+        reader (RemoteReader): Downloads into the node store; its store
+            must use :meth:`victims` as eviction policy.
+        stream (NodeStream): The node's stream.
+        sample_urls (callable): ``sample_urls(sample_id) -> list[str]``,
+            the files a sample reads.
+        cursors (CursorReader): The positions of the node's ranks.
+        reserve (int): Bytes of the budget held back for downloads ahead of
+            the readers; the plan keeps at most ``limit - reserve``.
+        readahead (int): Ticks the node's DataLoaders read ahead of the
+            loops (always downloaded ahead, whatever the reserve).
+        max_inflight (int): Most downloads at once.
+        stop (int, optional): Tick after the last one trained.
+        horizon (int): Ticks looked ahead for next uses.
+        min_lead (int): Ticks downloaded ahead beyond ``readahead`` before
+            any rate is measured.
+    """
+
+    def __init__(self,
+                 reader: RemoteReader,
+                 stream: NodeStream,
+                 sample_urls: Callable[[int], List[str]],
+                 cursors: CursorReader,
+                 reserve: int,
+                 readahead: int,
+                 max_inflight: int = 64,
+                 stop: Optional[int] = None,
+                 horizon: int = 1 << 20,
+                 min_lead: int = 64) -> None:
+        self.reader = reader
+        self.store = reader.store
+        self.stream = stream
+        self.sample_urls = sample_urls
+        self.cursors = cursors
+        self.reserve = int(reserve)
+        self.readahead = int(readahead)
+        self.max_inflight = int(max_inflight)
+        self.stop = stop
+        self.horizon = horizon
+        self.min_lead = min_lead
+        if self.reserve >= self.store.limit:
+            raise ValueError(
+                f'the prefetch reserve ({self.reserve} bytes) leaves nothing '
+                f'of cache_limit ({self.store.limit} bytes) to keep samples')
+        self.planner: Optional[StreamPlanner] = None
+        self.position = 0
+        self._lock = threading.RLock()
+        self._pins: Dict[int, int] = {}
+        self._urls: Dict[int, List[str]] = {}
+        # (tick, sample, staged bytes): pins that end once the loops pass
+        # the tick; staged bytes are a download's share of the reserve.
+        self._releases: list = []
+        self._sizes: Dict[int, int] = {}
+        self._mean_size = float(reader.size_hint or 1 << 16)
+        self._pool = ThreadPoolExecutor(max_inflight, 'node-prefetch')
+        self._inflight = 0
+        self._staged_bytes = 0
+        # measured rates (exponential moving averages)
+        self._latency = 0.05
+        self._rate = 0.0
+        self._miss_share = 1.0
+        self._last = None
+        self.stats = dict(planned=0, planned_hits=0, downloads=0,
+                          refetched=0, not_admitted=0, failed=0,
+                          evicted_by_plan=0, reserve_full=0)
+        self._warned = set()
+
+    # -- sizes --------------------------------------------------------------
+
+    def size_of(self, sample: int) -> int:
+        size = self._sizes.get(sample)
+        return int(self._mean_size) if size is None else size
+
+    def _learn_size(self, sample: int, size: int) -> None:
+        if sample not in self._sizes:
+            count = len(self._sizes)
+            self._mean_size += (size - self._mean_size) / (count + 1)
+        self._sizes[sample] = size
+
+    def _urls_of(self, sample: int) -> List[str]:
+        urls = self._urls.get(sample)
+        return urls if urls is not None else list(self.sample_urls(sample))
+
+    def _present(self, urls: List[str]) -> bool:
+        return all(
+            os.path.exists(self.reader.entry_path(url)) for url in urls)
+
+    # -- start --------------------------------------------------------------
+
+    def start(self, position: int) -> None:
+        """Plan from tick ``position``; files already on disk that the
+        plan reads soon count as kept (a restart with a warm cache)."""
+        sizes = {row.key: row.size for row in self.store.entries(NAMESPACE)}
+        self.position = position
+        self.planner = StreamPlanner(
+            self.stream,
+            self.store.limit - self.reserve,
+            self.size_of,
+            start=position,
+            stop=self.stop,
+            horizon=self.horizon)
+        if not sizes:
+            # Nothing on disk tells the sample size the plan budgets with:
+            # the first samples are needed now anyway, download them first.
+            for sample in self.planner.lookahead(_SIZE_PROBES).tolist():
+                for url in self.sample_urls(sample):
+                    with self.reader.fetch(url) as entry:
+                        sizes[url] = os.path.getsize(entry.path)
+        present = []
+        for sample in set(self.planner.lookahead(self.horizon).tolist()):
+            urls = list(self.sample_urls(sample))
+            if urls and all(url in sizes for url in urls):
+                self._learn_size(sample, sum(sizes[url] for url in urls))
+                present.append(sample)
+        needed = 2 * self.readahead * int(self._mean_size)
+        if self.reserve < needed:
+            # The samples the DataLoaders read ahead are downloaded whatever
+            # the reserve; a smaller reserve would overrun the budget.
+            print_log(
+                f'Remote cache: prefetch_reserve={self.reserve} bytes cannot '
+                f'stage the {self.readahead} samples the DataLoaders read '
+                f'ahead (~{int(self._mean_size)} bytes each); using '
+                f'{needed} bytes.',
+                logger='current',
+                level=logging.WARNING)
+            self.reserve = needed
+            if needed >= self.store.limit:
+                raise ValueError(
+                    f'cache_limit={self.store.limit} bytes cannot hold the '
+                    f'{self.readahead} samples the DataLoaders read ahead '
+                    'twice over; raise cache_limit or lower batch_size x '
+                    'num_workers x prefetch_factor.')
+            self.planner.cache.capacity = self.store.limit - needed
+        with self._lock:
+            self.planner.adopt(present)
+            for sample in self.planner.cache.until:
+                self._pin(sample)
+
+    # -- pins ---------------------------------------------------------------
+
+    def _pin(self, sample: int) -> None:
+        count = self._pins.get(sample, 0)
+        if count == 0:
+            self._urls[sample] = self._urls_of(sample)
+        self._pins[sample] = count + 1
+
+    def _unpin(self, sample: int) -> Dict[int, List[str]]:
+        """Drop one pin; ``{sample: its files}`` when none is left."""
+        count = self._pins[sample] - 1
+        if count:
+            self._pins[sample] = count
+            return {}
+        del self._pins[sample]
+        return {sample: self._urls.pop(sample)}
+
+    def _release_consumed(self) -> Dict[int, List[str]]:
+        unpinned = {}
+        while self._releases and self._releases[0][0] < self.position:
+            _, sample, staged = heapq.heappop(self._releases)
+            self._staged_bytes -= staged
+            unpinned.update(self._unpin(sample))
+        return unpinned
+
+    def _evict(self, unpinned: Dict[int, List[str]]) -> None:
+        # Outside self._lock: the store's ledger lock is taken before ours
+        # when a download's reservation asks `victims`. Only this thread
+        # pins, so a sample not pinned again by now stays unpinned.
+        for sample, urls in unpinned.items():
+            if sample in self._pins:
+                continue
+            for url in urls:
+                if self.store.evict(NAMESPACE, url):
+                    self.stats['evicted_by_plan'] += 1
+
+    # -- eviction policy of the planner's store -----------------------------
+
+    def victims(self, nbytes: int = 0):
+        """Who the store evicts when a download needs room: files no plan
+        needs, then kept samples, the one read furthest ahead first (never
+        one read within the window)."""
+        with self._lock:
+            pinned = {url for urls in self._urls.values() for url in urls}
+            kept = ([] if self.planner is None else
+                    [(sample, self.planner.cache.until[sample])
+                     for sample in self.planner.cache.kept_by_next_use()])
+            soon = self.position + self.window()
+        for row in self.store.entries(NAMESPACE):
+            if row.key not in pinned:
+                yield NAMESPACE, row.key
+        for sample, until in kept:
+            if until < soon:
+                return
+            for url in self._urls.get(sample, ()):
+                yield NAMESPACE, url
+
+    # -- window and concurrency ---------------------------------------------
+
+    def window(self) -> int:
+        """Ticks ahead of the loops that are decided and downloading."""
+        lead = self._rate * self._latency * 3
+        return self.readahead + max(self.min_lead, math.ceil(lead))
+
+    def target_inflight(self) -> int:
+        """Downloads to keep running: misses/s x latency, with margin."""
+        if self._rate == 0:
+            # Nothing measured yet (start, or a pause): a quarter of the
+            # most, so a cold start is not one download at a time.
+            return max(2, self.max_inflight // 4)
+        misses_per_second = self._rate * self._miss_share
+        wanted = math.ceil(misses_per_second * self._latency * 2) + 2
+        return max(2, min(self.max_inflight, wanted))
+
+    def _measure(self, position: int) -> None:
+        now = time.monotonic()
+        if self._last is not None:
+            then, before = self._last
+            if now - then >= 0.2:
+                rate = (position - before) / (now - then)
+                self._rate = rate if self._rate == 0 else (
+                    0.7 * self._rate + 0.3 * rate)
+                self._last = (now, position)
+        else:
+            self._last = (now, position)
+
+    # -- the loop -----------------------------------------------------------
+
+    def poll(self) -> bool:
+        """One round; False until every rank has published a position."""
+        cursors = self.cursors.read()
+        if cursors is None:
+            return False
+        position = min(
+            self.stream.tick_of(cursor.epoch, cursor.consumed)
+            for cursor in cursors)
+        if self.planner is None:
+            self.start(position)
+        with self._lock:
+            self.position = max(self.position, position)
+            self._measure(self.position)
+            unpinned = self._release_consumed()
+            downloads = self._decide_ahead()
+        self._evict(unpinned)
+        for download in downloads:
+            self._pool.submit(self._download, *download)
+        return True
+
+    def _decide_ahead(self) -> list:
+        """Decide the ticks of the window; the downloads to start."""
+        planner = self.planner
+        must = self.position + self.readahead
+        end = self.position + self.window()
+        downloads = []
+        # A tick stages at most two samples (its read and one dropped).
+        room = self.reserve - 2 * int(self._mean_size)
+        target = self.target_inflight()
+        while planner.tick < end:
+            # What the DataLoaders may read next is decided (and its
+            # download started) whatever the limits: a reader ahead of the
+            # plan would download it itself.
+            if planner.tick >= must:
+                if self._inflight >= target:
+                    break
+                if self._staged_bytes > room:
+                    self.stats['reserve_full'] += 1
+                    break
+            decision = planner.decide()
+            if decision is None:
+                break
+            download = self._apply(decision)
+            if download is not None:
+                downloads.append(download)
+        return downloads
+
+    def _apply(self, decision) -> Optional[tuple]:
+        """Pin what the decision needs on disk; the download it needs.
+
+        The plan counts a sample against its capacity only while it is
+        kept; a file read in the window and not kept (or dropped) stays on
+        disk until the loops pass its tick, so its bytes are *staged*: held
+        against the reserve until then.
+        """
+        tick, sample = decision.tick, decision.sample
+        self.stats['planned'] += 1
+        for victim in decision.dropped:
+            staged = self.size_of(victim)
+            self._staged_bytes += staged
+            heapq.heappush(self._releases, (tick, victim, staged))
+        # A kept copy's pin (taken when it was kept) ends at its read.
+        if decision.hit:
+            heapq.heappush(self._releases, (tick, sample, 0))
+            self.stats['planned_hits'] += 1
+        hits = self.stats['planned_hits'] / self.stats['planned']
+        self._miss_share = max(0.05, 1 - hits)
+        if decision.keep_until is not None:
+            self._pin(sample)
+            staged = 0
+        else:
+            staged = self.size_of(sample)
+            self._staged_bytes += staged
+        # The read at this tick: pinned until the loops pass it.
+        self._pin(sample)
+        heapq.heappush(self._releases, (tick, sample, staged))
+        urls = self._urls[sample]
+        if self._present(urls):
+            return None
+        if decision.hit:
+            self.stats['refetched'] += 1
+        self._inflight += 1
+        return sample, urls, self.size_of(sample)
+
+    def _download(self, sample: int, urls: List[str], staged: int) -> None:
+        start = time.perf_counter()
+        total: Optional[int] = 0
+        try:
+            for url in urls:
+                with self.reader.fetch(url, staged // max(len(urls), 1)) \
+                        as entry:
+                    if not entry.admitted:
+                        self.stats['not_admitted'] += 1
+                    try:
+                        total = (total or 0) + os.path.getsize(entry.path)
+                    except FileNotFoundError:
+                        # Read and released by the loops already.
+                        total = None
+            with self._lock:
+                self.stats['downloads'] += 1
+                if total is not None:
+                    self._learn_size(sample, total)
+                seconds = time.perf_counter() - start
+                self._latency = 0.8 * self._latency + 0.2 * seconds
+        except Exception as error:  # the reader's own read reports it
+            with self._lock:
+                self.stats['failed'] += 1
+            self._warn_once(type(error).__name__,
+                            f'Remote cache prefetch of {urls} failed '
+                            f'({error!r}); the DataLoader reads it on '
+                            'demand.')
+        finally:
+            with self._lock:
+                self._inflight -= 1
+
+    def _warn_once(self, kind: str, message: str) -> None:
+        if kind not in self._warned:
+            self._warned.add(kind)
+            print_log(message, logger='current', level=logging.WARNING)
+
+    # -- reporting and shutdown ---------------------------------------------
+
+    def status(self) -> dict:
+        """Gauges and totals of the prefetcher (plain data)."""
+        with self._lock:
+            cache = self.planner.cache if self.planner else None
+            return dict(
+                time=time.time(),
+                pid=os.getpid(),
+                position=self.position,
+                planned_to=self.planner.tick if self.planner else 0,
+                window=self.window(),
+                inflight=self._inflight,
+                target_inflight=self.target_inflight(),
+                max_inflight=self.max_inflight,
+                latency_s=self._latency,
+                rate_per_s=self._rate,
+                kept_bytes=cache.used if cache else 0,
+                keep_capacity=cache.capacity if cache else 0,
+                reserve=self.reserve,
+                staged_bytes=self._staged_bytes,
+                mean_size=self._mean_size,
+                **self.stats)
+
+    def write_victims(self, cache_dir: str, most: int = 4096) -> None:
+        """Publish the eviction order for the readers' stores."""
+        urls = []
+        for _, url in self.victims():
+            urls.append(url)
+            if len(urls) >= most:
+                break
+        write_victims(cache_dir, urls)
+
+    def write_status(self, cache_dir: str) -> None:
+        path = os.path.join(cache_dir, STATUS_FILE)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path + '.tmp', 'w') as file:
+            json.dump(self.status(), file)
+        os.replace(path + '.tmp', path)
+
+    def close(self) -> None:
+        """Stop downloading; running downloads finish or are abandoned."""
+        self._pool.shutdown(wait=True, cancel_futures=True)

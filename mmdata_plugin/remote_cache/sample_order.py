@@ -1,0 +1,137 @@
+"""The future sample order of a train sampler, asked where it is defined.
+
+A cache planner needs ``(epoch, global position) -> sample id`` for any
+rank. The samplers' order math lives in
+:mod:`mmdata_plugin.datasets.rank_sharded_sampler` (ours) and
+:mod:`mmdata_plugin.engine.runner.index_streams` (mmengine's); the classes
+here only call it, so the planner and a resumed run can never disagree.
+"""
+from typing import Dict, Iterator, Optional
+
+import numpy as np
+import torch
+
+from ..engine.runner.index_streams import (default_sampler_epoch,
+                                           infinite_sampler_passes)
+from ..engine.runner.resumable_batch_sampler import choose_strategy
+
+
+class SampleOrder:
+    """Sample ids of the global stream, by epoch and position.
+
+    Attributes:
+        epoch_size (int | None): Global positions per epoch (padding
+            included); None for an endless stream, which is epoch 0.
+    """
+
+    epoch_size: Optional[int] = None
+
+    def ids(self, epoch: int, positions: np.ndarray) -> np.ndarray:
+        """Sample ids at global ``positions`` of ``epoch`` (int64)."""
+        raise NotImplementedError
+
+
+class RankShardedOrder(SampleOrder):
+    """Order of ``RankShardedSampler`` / ``RankShardedInfiniteSampler``."""
+
+    def __init__(self, sampler) -> None:
+        self.sampler = sampler
+        self.infinite = bool(sampler.infinite)
+        self.epoch_size = None if self.infinite else sampler.total_size
+
+    def ids(self, epoch: int, positions: np.ndarray) -> np.ndarray:
+        if self.infinite:
+            return self.sampler.ids_at(positions)
+        return self.sampler.ids_at(epoch, positions)
+
+
+class DefaultSamplerOrder(SampleOrder):
+    """Order of mmengine's ``DefaultSampler`` (one epoch held at a time)."""
+
+    def __init__(self, sampler, world_size: int) -> None:
+        self.sampler = sampler
+        self.world_size = world_size
+        self.epoch_size = sampler.total_size
+        self._epochs: Dict[int, np.ndarray] = {}
+
+    def ids(self, epoch: int, positions: np.ndarray) -> np.ndarray:
+        order = self._epochs.get(epoch)
+        if order is None:
+            order = default_sampler_epoch(
+                len(self.sampler.dataset), self.sampler.seed, epoch,
+                self.sampler.shuffle, self.sampler.round_up,
+                self.world_size).numpy()
+            # The planner looks at most one epoch ahead.
+            self._epochs = {e: o for e, o in self._epochs.items()
+                            if e == epoch - 1}
+            self._epochs[epoch] = order
+        return order[np.asarray(positions, np.int64)]
+
+
+class InfiniteSamplerOrder(SampleOrder):
+    """Order of mmengine's ``InfiniteSampler``: consecutive passes."""
+
+    def __init__(self, sampler) -> None:
+        self.sampler = sampler
+        self.size = len(sampler.dataset)
+        self._passes: Optional[Iterator[torch.Tensor]] = None
+        self._next_pass = 0
+        self._held: Dict[int, np.ndarray] = {}
+
+    def _pass(self, number: int) -> np.ndarray:
+        if number not in self._held:
+            if self._passes is None or number < self._next_pass:
+                self._passes = infinite_sampler_passes(
+                    self.size, self.sampler.seed, self.sampler.shuffle,
+                    number)
+                self._next_pass = number
+            while self._next_pass <= number:
+                order = next(self._passes).numpy()
+                self._held = {p: o for p, o in self._held.items()
+                              if p >= self._next_pass - 1}
+                self._held[self._next_pass] = order
+                self._next_pass += 1
+        return self._held[number]
+
+    def ids(self, epoch: int, positions: np.ndarray) -> np.ndarray:
+        positions = np.asarray(positions, np.int64)
+        passes = positions // self.size
+        ids = np.empty_like(positions)
+        for number in np.unique(passes).tolist():
+            inside = passes == number
+            ids[inside] = self._pass(number)[positions[inside] -
+                                             number * self.size]
+        return ids
+
+
+class UnplannableSampler(TypeError):
+    """The sampler's future order cannot be computed by index arithmetic."""
+
+
+def sample_order_of(batch_sampler, world_size: int) -> SampleOrder:
+    """The :class:`SampleOrder` of a DataLoader's batch sampler.
+
+    Args:
+        batch_sampler: The DataLoader's batch sampler (a fast-resume
+            loop's ``ResumableBatchSampler`` or torch's ``BatchSampler``).
+        world_size (int): Ranks sharing the stream.
+
+    Raises:
+        UnplannableSampler: For samplers whose order is not index
+            arithmetic (custom batch samplers, foreign samplers).
+    """
+    inner = getattr(batch_sampler, 'batch_sampler', batch_sampler)
+    strategy = choose_strategy(inner)
+    sampler = inner.sampler
+    if strategy == 'fast_forward' and callable(getattr(sampler, 'ids_at',
+                                                       None)):
+        return RankShardedOrder(sampler)
+    if strategy == 'default':
+        return DefaultSamplerOrder(sampler, world_size)
+    if strategy == 'infinite':
+        return InfiniteSamplerOrder(sampler)
+    raise UnplannableSampler(
+        f'The remote cache planner cannot compute the future order of '
+        f'{type(sampler).__name__} under {type(inner).__name__}: use '
+        'RankShardedSampler, RankShardedInfiniteSampler, or mmengine\'s '
+        'DefaultSampler / InfiniteSampler with a plain batch sampler.')

@@ -1,0 +1,102 @@
+"""Belady-with-bypass decisions for a node, made tick by tick ahead of use.
+
+The planner walks the node's future stream (:class:`~.node_stream.NodeStream`)
+ahead of the readers and decides, per tick, whether the read is served by a
+kept copy (hit) or needs a download, and what is kept afterwards
+(:class:`~.belady.BeladyCache`). Next uses are looked up within a
+``horizon`` of ticks: a sample not read again within it counts as never
+read again (with a horizon of two epochs, every reuse is seen).
+"""
+from typing import Callable, Iterable, Optional
+
+import numpy as np
+
+from .belady import NEVER, BeladyCache, Decision, next_uses
+from .node_stream import NodeStream
+
+
+class StreamPlanner:
+    """Decisions for the ticks of a node stream, in order.
+
+    Args:
+        stream (NodeStream): The node's stream.
+        capacity (int): Bytes that kept samples may use.
+        size_of (callable): ``size_of(sample) -> bytes`` (an estimate until
+            the sample has been downloaded once).
+        start (int): First tick to decide.
+        stop (int, optional): Tick after the last one read (the end of
+            training); nothing after it is planned or kept for.
+        horizon (int): Ticks looked ahead for next uses (at least; whole
+            blocks of ticks are decided at once).
+    """
+
+    def __init__(self,
+                 stream: NodeStream,
+                 capacity: int,
+                 size_of: Callable[[int], int],
+                 start: int = 0,
+                 stop: Optional[int] = None,
+                 horizon: int = 1 << 20) -> None:
+        if horizon < 1:
+            raise ValueError(f'horizon must be >= 1, got {horizon}')
+        self.stream = stream
+        self.cache = BeladyCache(capacity)
+        self.size_of = size_of
+        self.tick = start
+        self.stop = stop
+        self.horizon = horizon
+        # Ticks are decided block by block; a block's next uses come from
+        # one sort over the block plus the horizon after it.
+        self._block = max(4096, horizon // 2)
+        self._block_start = start
+        self._ids = np.empty(0, np.int64)
+        self._next = np.empty(0, np.int64)
+
+    def _end(self, tick: int) -> int:
+        return tick if self.stop is None else min(tick, self.stop)
+
+    def _load_block(self) -> None:
+        start = self.tick
+        known = self._end(start + self._block) - start
+        ids = self.stream.ids(start, self._end(start + self._block +
+                                               self.horizon))
+        following = next_uses(ids, known)
+        self._next = np.where(following == NEVER, NEVER, following + start)
+        self._ids = ids[:known]
+        self._block_start = start
+
+    def lookahead(self, count: int) -> np.ndarray:
+        """Sample ids of the next ``count`` undecided ticks (fewer at the
+        stop)."""
+        return self.stream.ids(self.tick, self._end(self.tick + count))
+
+    def adopt(self, present: Iterable[int]) -> None:
+        """Count samples already on disk (a restart) as kept for their
+        first read, soonest first, as far as the capacity allows."""
+        present = set(present)
+        if not present:
+            return
+        ids = self.lookahead(self.horizon)
+        first = {}
+        for offset, sample in enumerate(ids.tolist()):
+            if sample in present and sample not in first:
+                first[sample] = self.tick + offset
+        for sample, tick in sorted(first.items(), key=lambda item: item[1]):
+            size = self.size_of(sample)
+            if self.cache.used + size > self.cache.capacity:
+                break
+            self.cache.keep(sample, tick, size)
+
+    def decide(self) -> Optional[Decision]:
+        """The decision for the next tick; None once ``stop`` is reached."""
+        if self.stop is not None and self.tick >= self.stop:
+            return None
+        offset = self.tick - self._block_start
+        if offset >= len(self._ids):
+            self._load_block()
+            offset = 0
+        sample = int(self._ids[offset])
+        decision = self.cache.access(self.tick, sample, self.size_of(sample),
+                                     int(self._next[offset]))
+        self.tick += 1
+        return decision

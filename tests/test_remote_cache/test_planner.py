@@ -1,0 +1,258 @@
+import functools
+import itertools
+from unittest import mock
+
+import numpy as np
+import pytest
+from mmengine.dataset import DefaultSampler, InfiniteSampler
+from torch.utils.data import BatchSampler
+
+from mmdata_plugin.datasets import (RankShardedInfiniteSampler,
+                                    RankShardedSampler)
+from mmdata_plugin.remote_cache.belady import BeladyCache, next_uses
+from mmdata_plugin.remote_cache.cache_simulator import simulate
+from mmdata_plugin.remote_cache.node_stream import NodeStream
+from mmdata_plugin.remote_cache.sample_order import (UnplannableSampler,
+                                                     sample_order_of)
+from mmdata_plugin.remote_cache.stream_planner import StreamPlanner
+
+
+def brute_force_belady(trace, capacity):
+    """Textbook MIN with bypass: on a miss with a full cache, evict the
+    cached item used furthest ahead unless the new one is used later."""
+
+    def next_use(item, after):
+        for tick in range(after + 1, len(trace)):
+            if trace[tick] == item:
+                return tick
+        return float('inf')
+
+    cache, hits = set(), 0
+    for tick, item in enumerate(trace):
+        if item in cache:
+            hits += 1
+            continue
+        if len(cache) < capacity:
+            cache.add(item)
+            continue
+        furthest = max(cache, key=lambda other: next_use(other, tick))
+        if next_use(furthest, tick) > next_use(item, tick):
+            cache.remove(furthest)
+            cache.add(item)
+    return hits
+
+
+def exhaustive_optimum(trace, capacity):
+    """The most hits any policy (with bypass) gets: all choices tried."""
+
+    @functools.lru_cache(maxsize=None)
+    def best(tick, cache):
+        if tick == len(trace):
+            return 0
+        item = trace[tick]
+        if item in cache:
+            return 1 + best(tick + 1, cache)
+        options = [best(tick + 1, cache)]
+        if len(cache) < capacity:
+            options.append(best(tick + 1, cache | {item}))
+        else:
+            options += [
+                best(tick + 1, (cache - {victim}) | {item})
+                for victim in cache
+            ]
+        return max(options)
+
+    return best(0, frozenset())
+
+
+@pytest.mark.parametrize('seed', range(40))
+def test_belady_matches_brute_force_and_the_optimum(seed):
+    rng = np.random.default_rng(seed)
+    items, length, capacity = rng.integers(2, 7), rng.integers(
+        4, 13), rng.integers(1, 4)
+    trace = rng.integers(0, items, length)
+    result = simulate(trace, 1, capacity)['belady_bypass']
+    expected = brute_force_belady(trace.tolist(), capacity)
+    assert result.hits == expected
+    assert expected == exhaustive_optimum(tuple(trace.tolist()), capacity)
+
+
+@pytest.mark.parametrize('seed', range(5))
+def test_belady_matches_brute_force_on_epoch_permutations(seed):
+    rng = np.random.default_rng(seed)
+    trace = np.concatenate([rng.permutation(30) for _ in range(4)])
+    for capacity in (3, 10, 25):
+        results = simulate(trace, 1, capacity)
+        hits = brute_force_belady(trace.tolist(), capacity)
+        assert results['belady_bypass'].hits == hits
+        # Known order beats LRU and is never below keeping a fixed set.
+        assert hits >= results['fixed_set'].hits >= results['lru'].hits
+
+
+def test_byte_budget_is_never_exceeded_and_bypass_keeps_nothing_late():
+    rng = np.random.default_rng(3)
+    trace = rng.integers(0, 40, 400)
+    sizes = rng.integers(1, 9, 40)
+    cache = BeladyCache(20)
+    following = next_uses(trace)
+    for tick, (sample, next_use) in enumerate(zip(trace, following)):
+        decision = cache.access(tick, int(sample), int(sizes[sample]),
+                                int(next_use))
+        assert cache.used <= 20
+        assert cache.used == sum(sizes[s] for s in cache.until)
+        if decision.keep_until is None and next_use >= 0 and sizes[
+                sample] <= 20 - cache.used:
+            pytest.fail('a sample that fits was not kept')
+        for victim in decision.dropped:
+            assert victim not in cache.until
+
+
+def test_simulated_rates_on_a_single_permuted_stream():
+    # One stream, fresh permutation per epoch: every policy that keeps a
+    # fixed set gets exactly the budget's share, LRU far less.
+    rng = np.random.default_rng(0)
+    n = 2000
+    trace = np.concatenate([rng.permutation(n) for _ in range(3)])
+    results = simulate(trace, 100, n * 100 // 4)
+    later = 1 - n / len(trace)
+    assert results['fixed_set'].hit_rate == pytest.approx(0.25 * later,
+                                                          abs=0.01)
+    assert results['belady_bypass'].hit_rate >= results[
+        'fixed_set'].hit_rate
+    assert results['lru'].hit_rate < 0.1
+    assert results['belady_bypass'].remote_bytes == (
+        len(trace) - results['belady_bypass'].hits) * 100
+
+
+def _samplers(cls, size, world_size, **kwargs):
+    samplers = []
+    for rank in range(world_size):
+        with mock.patch('mmengine.dataset.sampler.get_dist_info',
+                        return_value=(rank, world_size)), mock.patch(
+                            'mmdata_plugin.datasets.rank_sharded_sampler.'
+                            'get_dist_info',
+                            return_value=(rank, world_size)):
+            samplers.append(cls(list(range(size)), seed=5, **kwargs))
+    return samplers
+
+
+def _rank_reads(sampler, epoch, count):
+    sampler.set_epoch(epoch)
+    return list(itertools.islice(iter(sampler), count))
+
+
+@pytest.mark.parametrize('cls, kwargs', [
+    (RankShardedSampler, dict(mini_epochs=2)),
+    (RankShardedSampler, dict(round_up=False)),
+    (DefaultSampler, dict()),
+    (DefaultSampler, dict(round_up=False)),
+])
+@pytest.mark.parametrize('world_size, node', [(1, (0, 1)), (3, (0, 2)),
+                                              (3, (2, 1)), (4, (2, 2))])
+def test_node_stream_is_what_the_node_ranks_read(cls, kwargs, world_size,
+                                                 node):
+    size = 23
+    samplers = _samplers(cls, size, world_size, **kwargs)
+    first, local = node
+    order = sample_order_of(BatchSampler(samplers[first], 2, False),
+                            world_size)
+    stream = NodeStream(order, world_size, first, local)
+    for epoch in (0, 1, 2):
+        per_rank = [
+            _rank_reads(samplers[rank], epoch, size)
+            for rank in range(first, first + local)
+        ]
+        # The node reads rank by rank, row by row of the global stream.
+        expected = [
+            ids[row] for row in range(max(map(len, per_rank)))
+            for ids in per_rank if row < len(ids)
+        ]
+        assert stream.epoch_ticks == len(expected)
+        base = epoch * stream.epoch_ticks
+        assert stream.ids(base, base + len(expected)).tolist() == expected
+    # Across an epoch boundary in one call.
+    whole = stream.ids(0, 3 * stream.epoch_ticks)
+    assert whole[stream.epoch_ticks - 2:stream.epoch_ticks + 2].tolist() == \
+        stream.ids(stream.epoch_ticks - 2, stream.epoch_ticks + 2).tolist()
+
+
+@pytest.mark.parametrize('cls', [RankShardedInfiniteSampler, InfiniteSampler])
+@pytest.mark.parametrize('world_size, node', [(1, (0, 1)), (4, (2, 2))])
+def test_infinite_node_stream_is_what_the_node_ranks_read(
+        cls, world_size, node):
+    size, rows = 7, 30
+    samplers = _samplers(cls, size, world_size)
+    first, local = node
+    stream = NodeStream(
+        sample_order_of(BatchSampler(samplers[first], 2, False), world_size),
+        world_size, first, local)
+    per_rank = [
+        list(itertools.islice(iter(samplers[rank]), rows))
+        for rank in range(first, first + local)
+    ]
+    expected = [ids[row] for row in range(rows) for ids in per_rank]
+    assert stream.epoch_ticks is None
+    assert stream.ids(0, len(expected)).tolist() == expected
+    assert stream.ids(9, 21).tolist() == expected[9:21]
+    # Asking an earlier pass again after a later one.
+    assert stream.ids(0, 5).tolist() == expected[:5]
+
+
+def test_tick_of_consumed_positions():
+    samplers = _samplers(RankShardedSampler, 20, 4)
+    stream = NodeStream(sample_order_of(BatchSampler(samplers[2], 2, False),
+                                        4), 4, 2, 2)
+    assert stream.epoch_ticks == 10
+    assert stream.tick_of(0, 0) == 0
+    assert stream.tick_of(0, 8) == 4
+    assert stream.tick_of(1, 16) == 18
+    assert stream.tick_of(1, 20) == 20  # the epoch is over
+
+
+def test_a_custom_batch_sampler_cannot_be_planned():
+
+    class Buckets(BatchSampler):
+
+        def __iter__(self):
+            yield from super().__iter__()
+
+    (sampler, ) = _samplers(RankShardedSampler, 10, 1)
+    with pytest.raises(UnplannableSampler, match='RankShardedSampler'):
+        sample_order_of(Buckets(sampler, 2, False), 1)
+
+
+def test_planner_decisions_equal_the_offline_simulation():
+    samplers = _samplers(RankShardedSampler, 50, 2)
+    stream = NodeStream(sample_order_of(BatchSampler(samplers[0], 2, False),
+                                        2), 2, 0, 2)
+    ticks = 4 * stream.epoch_ticks
+    trace = stream.ids(0, ticks)
+    offline = simulate(trace, 10, 150)['belady_bypass']
+    for horizon in (2 * stream.epoch_ticks, 10 * stream.epoch_ticks):
+        planner = StreamPlanner(stream, 150, lambda sample: 10, stop=ticks,
+                                horizon=horizon)
+        decisions = iter(planner.decide, None)
+        hits = sum(decision.hit for decision in decisions)
+        assert planner.tick == ticks
+        assert hits == offline.hits
+
+
+def test_planner_resumed_with_adopted_samples_plans_no_extra_download():
+    samplers = _samplers(RankShardedSampler, 40, 1)
+    stream = NodeStream(sample_order_of(BatchSampler(samplers[0], 4, False),
+                                        1), 1, 0, 1)
+    ticks = 3 * stream.epoch_ticks
+    whole = StreamPlanner(stream, 100, lambda s: 10, stop=ticks, horizon=80)
+    decisions = list(iter(whole.decide, None))
+    cut = 52
+    kept_at_cut = {
+        d.sample
+        for d in decisions[:cut]
+        if d.keep_until is not None and d.keep_until >= cut
+    } - {v for d in decisions[:cut] for v in d.dropped}
+    resumed = StreamPlanner(stream, 100, lambda s: 10, start=cut, stop=ticks,
+                            horizon=80)
+    resumed.adopt(kept_at_cut)
+    rest = list(iter(resumed.decide, None))
+    downloads = sum(not d.hit for d in rest)
+    assert downloads <= sum(not d.hit for d in decisions[cut:])

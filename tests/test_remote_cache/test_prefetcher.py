@@ -1,0 +1,167 @@
+"""The node prefetcher driven by hand: plan, downloads, pins, budget."""
+import os
+import time
+from unittest import mock
+
+import numpy as np
+import pytest
+from torch.utils.data import BatchSampler
+
+from mmdata_plugin.cache.node_store import NodeStore
+from mmdata_plugin.datasets import RankShardedSampler
+from mmdata_plugin.remote_cache.cache_simulator import simulate
+from mmdata_plugin.remote_cache.consumption_cursors import (CursorReader,
+                                                            CursorWriter)
+from mmdata_plugin.remote_cache.node_cache_backend import (NAMESPACE, READS,
+                                                           NodeCacheBackend,
+                                                           RemoteReader)
+from mmdata_plugin.remote_cache.node_stream import NodeStream
+from mmdata_plugin.remote_cache.prefetcher import _SIZE_PROBES, NodePrefetcher
+from mmdata_plugin.remote_cache.sample_order import sample_order_of
+
+SIZE = 1000
+
+
+def make_source(root, count):
+    os.makedirs(root)
+    rng = np.random.default_rng(0)
+    for sample in range(count):
+        with open(os.path.join(root, f'{sample}.bin'), 'wb') as file:
+            file.write(rng.bytes(SIZE))
+    return lambda sample: [os.path.join(root, f'{sample}.bin')]
+
+
+def make_stream(count, world_size=1):
+    with mock.patch(
+            'mmdata_plugin.datasets.rank_sharded_sampler.get_dist_info',
+            return_value=(0, world_size)):
+        sampler = RankShardedSampler(list(range(count)), seed=3)
+    return NodeStream(sample_order_of(BatchSampler(sampler, 4, False),
+                                      world_size), world_size, 0, world_size)
+
+
+def build(tmp_path, count=120, limit=40 * SIZE, reserve=10 * SIZE,
+          readahead=8, epochs=3, token=1, start_stream=None):
+    urls = make_source(str(tmp_path / 'remote'), count)
+    cache_dir = str(tmp_path / 'cache')
+    store = NodeStore(cache_dir, limit)
+    stream = start_stream or make_stream(count)
+    writer = CursorWriter(cache_dir, 0, token)
+    prefetcher = NodePrefetcher(
+        RemoteReader(store, size_hint=SIZE), stream, urls,
+        CursorReader(cache_dir, [0], token), reserve=reserve,
+        readahead=readahead, max_inflight=4,
+        stop=epochs * stream.epoch_ticks, horizon=2 * stream.epoch_ticks)
+    store.eviction_policy = prefetcher.victims
+    return prefetcher, writer, urls, cache_dir, limit
+
+
+def consume(prefetcher, writer, urls, cache_dir, limit, start, stop, batch=4,
+            settle=True):
+    """A loop that reads a batch through the backend per iteration;
+    ``settle``: after the prefetcher's downloads of the window are done."""
+    backend = NodeCacheBackend(cache_dir, limit)
+    stream = prefetcher.stream
+    peak = 0
+    for tick in range(start, stop, batch):
+        epoch, offset = divmod(tick, stream.epoch_ticks)
+        writer.publish(epoch, offset)
+        prefetcher.poll()
+        prefetcher.write_victims(cache_dir)
+        while settle and (prefetcher.status()['inflight']
+                          or prefetcher.planner.tick < min(tick + batch,
+                                                           stop)):
+            time.sleep(0.001)
+            prefetcher.poll()
+        for sample in stream.ids(tick, min(tick + batch, stop)).tolist():
+            (url, ) = urls(sample)
+            with open(url, 'rb') as file:
+                assert backend.get(url) == file.read()
+        usage = prefetcher.store.usage()
+        peak = max(peak, usage.committed_bytes + usage.inflight_bytes)
+    epoch, offset = divmod(stop, stream.epoch_ticks)
+    writer.publish(epoch, offset)
+    prefetcher.poll()
+    return peak
+
+
+def test_plan_is_followed_within_the_budget_and_without_duplicates(tmp_path):
+    prefetcher, writer, urls, cache_dir, limit = build(tmp_path)
+    stop = prefetcher.stop
+    peak = consume(prefetcher, writer, urls, cache_dir, limit, 0, stop)
+    prefetcher.close()
+    assert peak <= limit
+    counts = prefetcher.store.counters()
+    # Every download is one the plan asked for: none twice.
+    offline = simulate(prefetcher.stream.ids(0, stop), SIZE,
+                       limit - prefetcher.reserve)['belady_bypass']
+    misses = offline.reads - offline.hits
+    # A file dropped by the plan but still on disk for a read within the
+    # window is read again for free: at most Belady's downloads.
+    assert counts[NAMESPACE]['produced'] <= misses
+    assert counts[NAMESPACE]['produced_bytes'] == counts[NAMESPACE][
+        'produced'] * SIZE
+    # The first samples are downloaded before planning (to learn the
+    # size) and then count as kept.
+    assert prefetcher.stats['planned_hits'] == offline.hits + _SIZE_PROBES
+    assert prefetcher.stats['refetched'] == 0
+    # The readers found every sample downloaded ahead.
+    assert counts[READS]['misses'] == 0
+    assert prefetcher.stats['failed'] == 0
+    # Readers found the hits on disk.
+    assert counts[READS]['hits'] >= offline.hits
+    # Nothing the plan does not need is left once training is over.
+    assert prefetcher.store.usage().committed_bytes <= limit
+
+
+def restart(first, cache_dir, urls, limit, token):
+    store = NodeStore(cache_dir, limit)
+    stream = first.stream
+    resumed = NodePrefetcher(
+        RemoteReader(store, size_hint=SIZE), stream, urls,
+        CursorReader(cache_dir, [0], token), reserve=first.reserve,
+        readahead=first.readahead, max_inflight=4, stop=first.stop,
+        horizon=first.horizon)
+    store.eviction_policy = resumed.victims
+    return resumed, CursorWriter(cache_dir, 0, token)
+
+
+@pytest.mark.parametrize('warm', [True, False])
+def test_restart_downloads_nothing_beyond_the_plan(tmp_path, warm):
+    prefetcher, writer, urls, cache_dir, limit = build(tmp_path, token=1)
+    stream, stop = prefetcher.stream, prefetcher.stop
+    cut = stream.epoch_ticks + 40
+    consume(prefetcher, writer, urls, cache_dir, limit, 0, cut)
+    prefetcher.close()
+    before = prefetcher.store.counters(NAMESPACE)['produced']
+    if not warm:
+        cache_dir = str(tmp_path / 'cold')
+    resumed, writer = restart(prefetcher, cache_dir, urls, limit, token=2)
+    consume(resumed, writer, urls, cache_dir, limit, cut, stop)
+    resumed.close()
+    after = resumed.store.counters(NAMESPACE)['produced'] - (
+        before if warm else 0)
+    capacity = limit - prefetcher.reserve
+    if warm:
+        # With the files on disk: no more downloads in all than one
+        # uninterrupted run of the plan.
+        whole = simulate(stream.ids(0, stop), SIZE, capacity)
+        assert before + after <= (whole['belady_bypass'].reads -
+                                  whole['belady_bypass'].hits)
+    else:
+        # Cold: exactly the plan of the rest of the run, nothing replayed.
+        rest = simulate(stream.ids(cut, stop), SIZE,
+                        capacity)['belady_bypass']
+        assert after <= rest.reads - rest.hits + _SIZE_PROBES
+    assert resumed.stats['refetched'] == 0
+
+
+def test_a_world_size_change_on_one_node_keeps_the_node_stream(tmp_path):
+    # Ranks take interleaved global positions, so a node that runs all the
+    # ranks reads the global stream whatever their number: a resume with
+    # another world size continues the same plan.
+    two = make_stream(120, world_size=2)
+    one = make_stream(120, world_size=1)
+    assert two.ids(0, 500).tolist() == one.ids(0, 500).tolist()
+    # 12 global samples consumed = tick 12 for both.
+    assert two.tick_of(0, 12) == one.tick_of(0, 12) == 12
