@@ -80,6 +80,7 @@ def _builders(demo_root):
         ('LOOPS', 'FastResumeEpochBasedTrainLoop'):
         (dict(max_epochs=1), _loop_args()),
         ('HOOKS', 'DataMonitorHook'): (dict(interval=10), {}),
+        ('HOOKS', 'RemoteCachePrefetchHook'): (dict(cache_limit='1MB'), {}),
         ('OPTIM_WRAPPERS', 'CPUAutocastOptimWrapper'):
         (dict(optimizer=torch.optim.SGD(torch.nn.Linear(2, 2).parameters(),
                                         lr=0.1)), {}),
