@@ -6,6 +6,7 @@ This base class turns them into mmengine's ``BaseStorageBackend`` methods
 with bounded retries, streaming downloads checked against the announced
 length, ETag validation and one client per process.
 """
+import abc
 import io
 import os
 import os.path as osp
@@ -84,17 +85,17 @@ class RemoteBackend(BaseStorageBackend):
         self._client_pid: Optional[int] = None
 
     # ---------------------------------------------------- to implement
+    @abc.abstractmethod
     def _new_client(self):
         """A client (connection pool) for the current process."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def _open(self, url: str, span: Optional[Tuple[int, int]]) -> RemoteBody:
         """One GET of ``url`` (``span=(start, length)``: that range)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def _head(self, url: str) -> RemoteStat:
         """One metadata request for ``url``."""
-        raise NotImplementedError
 
     # ----------------------------------------------- client per process
     @property

@@ -6,6 +6,7 @@ rank. The samplers' order math lives in
 :mod:`mmdata_plugin.engine.runner.index_streams` (mmengine's); the classes
 here only call it, so the planner and a resumed run can never disagree.
 """
+import abc
 from typing import Dict, Iterator, Optional
 
 import numpy as np
@@ -16,7 +17,7 @@ from ..engine.runner.index_streams import (default_sampler_epoch,
 from ..engine.runner.resumable_batch_sampler import choose_strategy
 
 
-class SampleOrder:
+class SampleOrder(abc.ABC):
     """Sample ids of the global stream, by epoch and position.
 
     Attributes:
@@ -26,9 +27,9 @@ class SampleOrder:
 
     epoch_size: Optional[int] = None
 
+    @abc.abstractmethod
     def ids(self, epoch: int, positions: np.ndarray) -> np.ndarray:
         """Sample ids at global ``positions`` of ``epoch`` (int64)."""
-        raise NotImplementedError
 
 
 class RankShardedOrder(SampleOrder):
