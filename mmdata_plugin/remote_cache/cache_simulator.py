@@ -13,7 +13,7 @@ disk and how many bytes it downloads.
   (CoorDL's MinIO).
 """
 from collections import OrderedDict
-from typing import Dict, NamedTuple, Sequence, Union
+from typing import Dict, List, NamedTuple, Sequence, Union
 
 import numpy as np
 
@@ -39,55 +39,76 @@ def _size_lookup(sizes: Union[int, Sequence[int], np.ndarray]):
     return lambda sample: int(sizes[sample])
 
 
-def belady_bypass(trace: np.ndarray, sizes, capacity: int) -> PolicyResult:
-    size_of = _size_lookup(sizes)
+def belady_bypass(trace: np.ndarray, size_of, capacity: int) -> np.ndarray:
     cache = BeladyCache(capacity)
     following = next_uses(trace)
-    hits = missed = 0
-    for tick, (sample, next_use) in enumerate(
-            zip(trace.tolist(), following.tolist())):
-        size = size_of(sample)
-        if cache.access(tick, sample, size, next_use).hit:
-            hits += 1
-        else:
-            missed += size
-    return PolicyResult(len(trace), hits, missed)
+    return np.fromiter(
+        (cache.access(tick, sample, size_of(sample), next_use).hit
+         for tick, (sample, next_use) in enumerate(
+             zip(trace.tolist(), following.tolist()))),
+        bool, len(trace))
 
 
-def lru(trace: np.ndarray, sizes, capacity: int) -> PolicyResult:
-    size_of = _size_lookup(sizes)
+def lru(trace: np.ndarray, size_of, capacity: int) -> np.ndarray:
     kept: OrderedDict = OrderedDict()
-    used = hits = missed = 0
-    for sample in trace.tolist():
+    used = 0
+    hits = np.zeros(len(trace), bool)
+    for tick, sample in enumerate(trace.tolist()):
         if sample in kept:
             kept.move_to_end(sample)
-            hits += 1
+            hits[tick] = True
             continue
         size = size_of(sample)
-        missed += size
         if size > capacity:
             continue
         while used + size > capacity:
             used -= kept.popitem(last=False)[1]
         kept[sample] = size
         used += size
-    return PolicyResult(len(trace), hits, missed)
+    return hits
 
 
-def fixed_set(trace: np.ndarray, sizes, capacity: int) -> PolicyResult:
-    size_of = _size_lookup(sizes)
+def fixed_set(trace: np.ndarray, size_of, capacity: int) -> np.ndarray:
     kept = set()
-    used = hits = missed = 0
-    for sample in trace.tolist():
+    used = 0
+    hits = np.zeros(len(trace), bool)
+    for tick, sample in enumerate(trace.tolist()):
         if sample in kept:
-            hits += 1
+            hits[tick] = True
             continue
         size = size_of(sample)
-        missed += size
         if used + size <= capacity:
             kept.add(sample)
             used += size
-    return PolicyResult(len(trace), hits, missed)
+    return hits
+
+
+def simulate_segments(trace: Sequence[int], sizes, capacity: int,
+                      bounds: Sequence[int]) -> Dict[str, List[PolicyResult]]:
+    """Every policy of :data:`POLICIES` on ``trace`` at ``capacity`` bytes,
+    counted per segment ``bounds[i] <= tick < bounds[i + 1]`` (e.g. per
+    epoch; the policies see the whole trace).
+
+    Args:
+        trace (Sequence[int]): Sample ids in read order (one node).
+        sizes (int | array): Bytes of every sample (indexed by id), or one
+            size for all.
+        capacity (int): Byte budget of the kept samples.
+        bounds (Sequence[int]): Segment boundaries, ascending ticks.
+    """
+    trace = np.asarray(trace, np.int64)
+    size_of = _size_lookup(sizes)
+    read_bytes = np.fromiter((size_of(s) for s in trace.tolist()), np.int64,
+                             len(trace))
+    results = {}
+    for name, policy in zip(POLICIES, (belady_bypass, lru, fixed_set)):
+        hits = policy(trace, size_of, int(capacity))
+        results[name] = [
+            PolicyResult(stop - start, int(hits[start:stop].sum()),
+                         int(read_bytes[start:stop][~hits[start:stop]].sum()))
+            for start, stop in zip(bounds[:-1], bounds[1:])
+        ]
+    return results
 
 
 def simulate(trace: Sequence[int], sizes,
@@ -100,8 +121,5 @@ def simulate(trace: Sequence[int], sizes,
             size for all.
         capacity (int): Byte budget of the kept samples.
     """
-    trace = np.asarray(trace, np.int64)
-    return {
-        name: policy(trace, sizes, int(capacity))
-        for name, policy in zip(POLICIES, (belady_bypass, lru, fixed_set))
-    }
+    segments = simulate_segments(trace, sizes, capacity, [0, len(trace)])
+    return {name: whole for name, (whole, ) in segments.items()}

@@ -26,6 +26,7 @@ from mmengine.fileio import get_file_backend
 from mmengine.fileio.backends import BaseStorageBackend, register_backend
 
 from ..cache.node_store import NodeStore, StoreEntry
+from .read_once import ReadOnceMarks
 
 #: Store namespace of downloaded files.
 NAMESPACE = 'remote'
@@ -159,15 +160,18 @@ class NodeCacheBackend(BaseStorageBackend):
         self.store = NodeStore(cache_dir, cache_limit)
         self.store.eviction_policy = PlannedEviction(self.store)
         self.reader = RemoteReader(self.store, remote, size_hint)
+        self.marks = ReadOnceMarks(self.store.cache_dir)
 
     @contextlib.contextmanager
     def _local(self, filepath) -> Iterator[str]:
-        """A local path holding ``filepath``'s bytes while in the block."""
+        """A local path holding ``filepath``'s bytes while in the block;
+        once read, a file the plan does not keep may go."""
         url = str(filepath)
         path = self.store.lookup(NAMESPACE, url)
         if path is not None:
             self.store.count(READS, 'hits')
             yield path
+            self.marks.report_read(os.path.basename(path))
             return
         start = time.perf_counter()
         with self.reader.fetch(url) as entry:
@@ -175,6 +179,8 @@ class NodeCacheBackend(BaseStorageBackend):
             self.store.count(READS, 'wait_us',
                              (time.perf_counter() - start) * 1e6)
             yield entry.path
+            if entry.admitted:
+                self.marks.report_read(os.path.basename(entry.path))
 
     def get(self, filepath) -> bytes:
         """The file's bytes (from the node cache when it holds them)."""

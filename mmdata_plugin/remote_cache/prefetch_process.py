@@ -34,7 +34,7 @@ class PrefetchSpec(NamedTuple):
     sample_urls: Callable[[int], List[str]]
     ranks: List[int]
     token: int
-    reserve: int
+    reserve: Optional[int]
     readahead: int
     max_inflight: int
     stop: Optional[int]

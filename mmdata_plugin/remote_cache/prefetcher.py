@@ -1,22 +1,25 @@
 """The node prefetcher: downloads ahead of the readers, keeps what the plan
-keeps, and frees the rest once the training loops have consumed it.
+keeps, and frees the rest as soon as it has been read.
 
 One per node (see :class:`~mmdata_plugin.engine.hooks.RemoteCachePrefetchHook`).
 Each :meth:`NodePrefetcher.poll`:
 
 1. reads the node's position: the smallest next tick of its ranks
    (:mod:`.consumption_cursors`);
-2. unpins what every rank has consumed; a sample with no pin left is
-   evicted from the store;
+2. evicts the files the plan does not keep once a reader has read them
+   (:mod:`.read_once`), and settles the reads the training loops have
+   passed (what a reader did not report, e.g. a read served elsewhere);
 3. decides the ticks up to ``position + window`` (:class:`~.stream_planner.
    StreamPlanner`: hit or download, kept until which tick, dropped) and
    starts their downloads, at most ``target_inflight`` at a time.
 
-Pins: a read at tick ``t`` pins its sample until the loops pass ``t``; a
-"kept" decision pins it until its next read or until the tick the plan
-drops it. The window covers the batches the DataLoaders read ahead of the
-loop plus what arrives within the download latency at the measured rate
-(Little's law: in flight = misses/s x latency).
+A sample's files stay on disk while the plan keeps it or a decided read of
+it is ahead. Files read ahead and not kept are *staged*: their bytes come
+out of the ``reserve`` (the rest of the budget is the plan's to keep
+samples in) until their read. The window covers the batches the
+DataLoaders read ahead of the loop plus what arrives within the download
+latency at the measured rate (Little's law: in flight = misses/s x
+latency).
 """
 import heapq
 import json
@@ -33,10 +36,13 @@ from mmengine.logging import print_log
 from .consumption_cursors import CursorReader
 from .node_cache_backend import NAMESPACE, RemoteReader, write_victims
 from .node_stream import NodeStream
+from .read_once import ReadOnceMarks
 from .stream_planner import StreamPlanner
 
 #: Samples downloaded before planning when no size is known yet.
 _SIZE_PROBES = 4
+#: Fewest samples the reserve stages (below it nothing is read ahead).
+_MIN_STAGED = 4
 #: Gauges of the running prefetcher, for monitors (JSON, replaced atomically).
 STATUS_FILE = 'planner/status.json'
 
@@ -51,10 +57,12 @@ class NodePrefetcher:
         sample_urls (callable): ``sample_urls(sample_id) -> list[str]``,
             the files a sample reads.
         cursors (CursorReader): The positions of the node's ranks.
-        reserve (int): Bytes of the budget held back for downloads ahead of
-            the readers; the plan keeps at most ``limit - reserve``.
+        reserve (int, optional): Bytes of the budget for files downloaded
+            ahead of their read and not kept (the plan keeps samples in
+            ``limit - reserve``). None sizes it at :meth:`start`:
+            ``max_inflight`` samples, at most a quarter of the limit.
         readahead (int): Ticks the node's DataLoaders read ahead of the
-            loops (always downloaded ahead, whatever the reserve).
+            loops (decided and downloading whatever the in-flight target).
         max_inflight (int): Most downloads at once.
         stop (int, optional): Tick after the last one trained.
         horizon (int): Ticks looked ahead for next uses.
@@ -67,7 +75,7 @@ class NodePrefetcher:
                  stream: NodeStream,
                  sample_urls: Callable[[int], List[str]],
                  cursors: CursorReader,
-                 reserve: int,
+                 reserve: Optional[int],
                  readahead: int,
                  max_inflight: int = 64,
                  stop: Optional[int] = None,
@@ -78,29 +86,37 @@ class NodePrefetcher:
         self.stream = stream
         self.sample_urls = sample_urls
         self.cursors = cursors
-        self.reserve = int(reserve)
+        self.reserve = None if reserve is None else int(reserve)
         self.readahead = int(readahead)
         self.max_inflight = int(max_inflight)
         self.stop = stop
         self.horizon = horizon
         self.min_lead = min_lead
-        if self.reserve >= self.store.limit:
+        if self.reserve is not None and self.reserve >= self.store.limit:
             raise ValueError(
                 f'the prefetch reserve ({self.reserve} bytes) leaves nothing '
                 f'of cache_limit ({self.store.limit} bytes) to keep samples')
+        self.marks = ReadOnceMarks(self.store.cache_dir)
         self.planner: Optional[StreamPlanner] = None
         self.position = 0
         self._lock = threading.RLock()
-        self._pins: Dict[int, int] = {}
-        self._urls: Dict[int, List[str]] = {}
-        # (tick, sample, staged bytes): pins that end once the loops pass
-        # the tick; staged bytes are a download's share of the reserve.
+        # Decided reads not yet passed by the loops, per sample, and the
+        # (tick, sample) heap that settles them when the loops pass.
+        self._reads: Dict[int, int] = {}
         self._releases: list = []
+        # Files of the samples the plan has on its books (read ahead or
+        # kept).
+        self._urls: Dict[int, List[str]] = {}
+        # Staged files (read ahead, not kept): bytes held of the reserve.
+        self._staged: Dict[str, int] = {}
+        self._staged_bytes = 0
+        # digest -> (sample, url) of files marked to go at their read.
+        self._marked: Dict[str, tuple] = {}
         self._sizes: Dict[int, int] = {}
         self._mean_size = float(reader.size_hint or 1 << 16)
         self._pool = ThreadPoolExecutor(max_inflight, 'node-prefetch')
         self._inflight = 0
-        self._staged_bytes = 0
+        self._downloading = set()
         # measured rates (exponential moving averages)
         self._latency = 0.05
         self._rate = 0.0
@@ -108,7 +124,8 @@ class NodePrefetcher:
         self._last = None
         self.stats = dict(planned=0, planned_hits=0, downloads=0,
                           refetched=0, not_admitted=0, failed=0,
-                          evicted_by_plan=0, reserve_full=0)
+                          evicted_by_plan=0, freed_at_read=0,
+                          reserve_full=0)
         self._warned = set()
 
     # -- sizes --------------------------------------------------------------
@@ -123,13 +140,12 @@ class NodePrefetcher:
             self._mean_size += (size - self._mean_size) / (count + 1)
         self._sizes[sample] = size
 
-    def _urls_of(self, sample: int) -> List[str]:
-        urls = self._urls.get(sample)
-        return urls if urls is not None else list(self.sample_urls(sample))
-
     def _present(self, urls: List[str]) -> bool:
         return all(
             os.path.exists(self.reader.entry_path(url)) for url in urls)
+
+    def _digest(self, url: str) -> str:
+        return os.path.basename(self.reader.entry_path(url))
 
     # -- start --------------------------------------------------------------
 
@@ -137,10 +153,11 @@ class NodePrefetcher:
         """Plan from tick ``position``; files already on disk that the
         plan reads soon count as kept (a restart with a warm cache)."""
         sizes = {row.key: row.size for row in self.store.entries(NAMESPACE)}
+        self.marks.reset()
         self.position = position
         self.planner = StreamPlanner(
             self.stream,
-            self.store.limit - self.reserve,
+            self.store.limit,
             self.size_of,
             start=position,
             stop=self.stop,
@@ -158,65 +175,117 @@ class NodePrefetcher:
             if urls and all(url in sizes for url in urls):
                 self._learn_size(sample, sum(sizes[url] for url in urls))
                 present.append(sample)
-        needed = 2 * self.readahead * int(self._mean_size)
-        if self.reserve < needed:
-            # The samples the DataLoaders read ahead are downloaded whatever
-            # the reserve; a smaller reserve would overrun the budget.
-            print_log(
-                f'Remote cache: prefetch_reserve={self.reserve} bytes cannot '
-                f'stage the {self.readahead} samples the DataLoaders read '
-                f'ahead (~{int(self._mean_size)} bytes each); using '
-                f'{needed} bytes.',
-                logger='current',
-                level=logging.WARNING)
-            self.reserve = needed
-            if needed >= self.store.limit:
-                raise ValueError(
-                    f'cache_limit={self.store.limit} bytes cannot hold the '
-                    f'{self.readahead} samples the DataLoaders read ahead '
-                    'twice over; raise cache_limit or lower batch_size x '
-                    'num_workers x prefetch_factor.')
-            self.planner.cache.capacity = self.store.limit - needed
+        self.reserve = self._sized_reserve()
+        self.planner.cache.capacity = self.store.limit - self.reserve
         with self._lock:
             self.planner.adopt(present)
             for sample in self.planner.cache.until:
-                self._pin(sample)
+                self._urls[sample] = list(self.sample_urls(sample))
 
-    # -- pins ---------------------------------------------------------------
+    def _sized_reserve(self) -> int:
+        """The reserve in bytes, now that the mean sample size is known."""
+        limit, mean = self.store.limit, int(self._mean_size)
+        floor = _MIN_STAGED * mean
+        if self.reserve is None:
+            return min(max(self.max_inflight * mean, floor), limit // 4)
+        if self.reserve < floor:
+            print_log(
+                f'Remote cache: prefetch_reserve={self.reserve} bytes holds '
+                f'fewer than {_MIN_STAGED} samples (~{mean} bytes each) '
+                f'read ahead; using {floor} bytes.',
+                logger='current',
+                level=logging.WARNING)
+            if floor >= limit:
+                raise ValueError(
+                    f'cache_limit={limit} bytes cannot hold {_MIN_STAGED} '
+                    f'samples of ~{mean} bytes read ahead besides what the '
+                    'plan keeps; raise cache_limit.')
+            return floor
+        return self.reserve
 
-    def _pin(self, sample: int) -> None:
-        count = self._pins.get(sample, 0)
-        if count == 0:
-            self._urls[sample] = self._urls_of(sample)
-        self._pins[sample] = count + 1
+    # -- what stays on disk ---------------------------------------------------
 
-    def _unpin(self, sample: int) -> Dict[int, List[str]]:
-        """Drop one pin; ``{sample: its files}`` when none is left."""
-        count = self._pins[sample] - 1
-        if count:
-            self._pins[sample] = count
-            return {}
-        del self._pins[sample]
-        return {sample: self._urls.pop(sample)}
+    def _stage(self, url: str, nbytes: int) -> None:
+        if url not in self._staged:
+            self._staged[url] = nbytes
+            self._staged_bytes += nbytes
 
-    def _release_consumed(self) -> Dict[int, List[str]]:
-        unpinned = {}
+    def _unstage(self, url: str) -> None:
+        self._staged_bytes -= self._staged.pop(url, 0)
+
+    def _mark(self, sample: int, url: str) -> None:
+        digest = self._digest(url)
+        if digest not in self._marked:
+            self._marked[digest] = (sample, url)
+            self.marks.mark(digest)
+
+    def _unmark(self, url: str) -> None:
+        digest = self._digest(url)
+        if self._marked.pop(digest, None) is not None:
+            self.marks.unmark(digest)
+
+    def _settle(self, sample: int) -> List[str]:
+        """Bring the staging and read-once marks of ``sample``'s files in
+        line with the plan; its files when nothing needs them any more.
+
+        Kept: counted in the plan's capacity, stays after every read. Not
+        kept with reads ahead: staged; with one read ahead, marked to go
+        at that read. Neither: gone.
+        """
+        urls = self._urls.get(sample)
+        if urls is None:
+            return []
+        reads = self._reads.get(sample, 0)
+        kept = sample in self.planner.cache.until
+        if kept or not reads:
+            for url in urls:
+                self._unstage(url)
+                self._unmark(url)
+            if kept:
+                return []
+            del self._urls[sample]
+            return urls
+        share = self.size_of(sample) // len(urls)
+        for url in urls:
+            self._stage(url, share)
+            if reads == 1:
+                self._mark(sample, url)
+            else:
+                self._unmark(url)
+        return []
+
+    def _take_reads(self) -> List[str]:
+        """Files read since the last round that the plan lets go now."""
+        gone = []
+        for digest in self.marks.take_read():
+            marked = self._marked.pop(digest, None)
+            if marked is None:
+                continue
+            _, url = marked
+            self._unstage(url)
+            gone.append(url)
+        self.stats['freed_at_read'] += len(gone)
+        return gone
+
+    def _release_consumed(self) -> List[str]:
+        gone = []
         while self._releases and self._releases[0][0] < self.position:
-            _, sample, staged = heapq.heappop(self._releases)
-            self._staged_bytes -= staged
-            unpinned.update(self._unpin(sample))
-        return unpinned
+            _, sample = heapq.heappop(self._releases)
+            count = self._reads[sample] - 1
+            if count:
+                self._reads[sample] = count
+            else:
+                del self._reads[sample]
+            gone.extend(self._settle(sample))
+        return gone
 
-    def _evict(self, unpinned: Dict[int, List[str]]) -> None:
+    def _evict(self, urls: List[str]) -> None:
         # Outside self._lock: the store's ledger lock is taken before ours
         # when a download's reservation asks `victims`. Only this thread
-        # pins, so a sample not pinned again by now stays unpinned.
-        for sample, urls in unpinned.items():
-            if sample in self._pins:
-                continue
-            for url in urls:
-                if self.store.evict(NAMESPACE, url):
-                    self.stats['evicted_by_plan'] += 1
+        # decides, so a file gone from the books stays gone from them.
+        for url in urls:
+            if self.store.evict(NAMESPACE, url):
+                self.stats['evicted_by_plan'] += 1
 
     # -- eviction policy of the planner's store -----------------------------
 
@@ -225,13 +294,13 @@ class NodePrefetcher:
         needs, then kept samples, the one read furthest ahead first (never
         one read within the window)."""
         with self._lock:
-            pinned = {url for urls in self._urls.values() for url in urls}
+            needed = {url for urls in self._urls.values() for url in urls}
             kept = ([] if self.planner is None else
                     [(sample, self.planner.cache.until[sample])
                      for sample in self.planner.cache.kept_by_next_use()])
             soon = self.position + self.window()
         for row in self.store.entries(NAMESPACE):
-            if row.key not in pinned:
+            if row.key not in needed:
                 yield NAMESPACE, row.key
         for sample, until in kept:
             if until < soon:
@@ -283,90 +352,78 @@ class NodePrefetcher:
         with self._lock:
             self.position = max(self.position, position)
             self._measure(self.position)
-            unpinned = self._release_consumed()
-            downloads = self._decide_ahead()
-        self._evict(unpinned)
+            gone = self._take_reads() + self._release_consumed()
+            downloads, dropped = self._decide_ahead()
+        self._evict(gone + dropped)
         for download in downloads:
             self._pool.submit(self._download, *download)
         return True
 
-    def _decide_ahead(self) -> list:
-        """Decide the ticks of the window; the downloads to start."""
+    def _decide_ahead(self) -> tuple:
+        """Decide the ticks of the window: the downloads to start and the
+        files to evict."""
         planner = self.planner
         must = self.position + self.readahead
         end = self.position + self.window()
-        downloads = []
+        downloads, gone = [], []
         # A tick stages at most two samples (its read and one dropped).
         room = self.reserve - 2 * int(self._mean_size)
         target = self.target_inflight()
         while planner.tick < end:
-            # What the DataLoaders may read next is decided (and its
-            # download started) whatever the limits: a reader ahead of the
-            # plan would download it itself.
-            if planner.tick >= must:
-                if self._inflight >= target:
-                    break
-                if self._staged_bytes > room:
-                    self.stats['reserve_full'] += 1
-                    break
+            if self._staged_bytes > room:
+                self.stats['reserve_full'] += 1
+                break
+            # What the DataLoaders may read next is downloading whatever
+            # the in-flight target: a reader ahead of the plan would wait.
+            if planner.tick >= must and self._inflight >= target:
+                break
             decision = planner.decide()
             if decision is None:
                 break
-            download = self._apply(decision)
+            download = self._apply(decision, gone)
             if download is not None:
                 downloads.append(download)
-        return downloads
+        return downloads, gone
 
-    def _apply(self, decision) -> Optional[tuple]:
-        """Pin what the decision needs on disk; the download it needs.
-
-        The plan counts a sample against its capacity only while it is
-        kept; a file read in the window and not kept (or dropped) stays on
-        disk until the loops pass its tick, so its bytes are *staged*: held
-        against the reserve until then.
-        """
+    def _apply(self, decision, gone: List[str]) -> Optional[tuple]:
+        """Book what the decision needs on disk (files no longer needed go
+        to ``gone``); the download it needs, if any."""
         tick, sample = decision.tick, decision.sample
         self.stats['planned'] += 1
-        for victim in decision.dropped:
-            staged = self.size_of(victim)
-            self._staged_bytes += staged
-            heapq.heappush(self._releases, (tick, victim, staged))
-        # A kept copy's pin (taken when it was kept) ends at its read.
         if decision.hit:
-            heapq.heappush(self._releases, (tick, sample, 0))
             self.stats['planned_hits'] += 1
         hits = self.stats['planned_hits'] / self.stats['planned']
         self._miss_share = max(0.05, 1 - hits)
-        if decision.keep_until is not None:
-            self._pin(sample)
-            staged = 0
-        else:
-            staged = self.size_of(sample)
-            self._staged_bytes += staged
-        # The read at this tick: pinned until the loops pass it.
-        self._pin(sample)
-        heapq.heappush(self._releases, (tick, sample, staged))
+        # A dropped sample stays only for a read of it still ahead.
+        for victim in decision.dropped:
+            gone.extend(self._settle(victim))
+        self._reads[sample] = self._reads.get(sample, 0) + 1
+        heapq.heappush(self._releases, (tick, sample))
+        if sample not in self._urls:
+            self._urls[sample] = list(self.sample_urls(sample))
+        self._settle(sample)
         urls = self._urls[sample]
-        if self._present(urls):
+        if sample in self._downloading or self._present(urls):
             return None
         if decision.hit:
             self.stats['refetched'] += 1
         self._inflight += 1
+        self._downloading.add(sample)
         return sample, urls, self.size_of(sample)
 
-    def _download(self, sample: int, urls: List[str], staged: int) -> None:
+    def _download(self, sample: int, urls: List[str], size: int) -> None:
         start = time.perf_counter()
         total: Optional[int] = 0
         try:
             for url in urls:
-                with self.reader.fetch(url, staged // max(len(urls), 1)) \
+                with self.reader.fetch(url, size // max(len(urls), 1)) \
                         as entry:
                     if not entry.admitted:
                         self.stats['not_admitted'] += 1
                     try:
                         total = (total or 0) + os.path.getsize(entry.path)
                     except FileNotFoundError:
-                        # Read and released by the loops already.
+                        # Read and freed already.
                         total = None
             with self._lock:
                 self.stats['downloads'] += 1
@@ -384,6 +441,7 @@ class NodePrefetcher:
         finally:
             with self._lock:
                 self._inflight -= 1
+                self._downloading.discard(sample)
 
     def _warn_once(self, kind: str, message: str) -> None:
         if kind not in self._warned:

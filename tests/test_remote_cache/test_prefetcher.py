@@ -114,6 +114,43 @@ def test_plan_is_followed_within_the_budget_and_without_duplicates(tmp_path):
     assert prefetcher.store.usage().committed_bytes <= limit
 
 
+def test_files_read_ahead_are_freed_at_their_read(tmp_path):
+    # The DataLoaders read 32 ticks ahead of the loop, more than the 6
+    # samples of reserve: each file the plan does not keep goes once a
+    # reader has read it, not when the loop passes its tick. (Before, the
+    # reserve had to hold the read-ahead twice over: 64 of 40 samples,
+    # refused at start.)
+    prefetcher, writer, urls, cache_dir, limit = build(
+        tmp_path, reserve=6 * SIZE, readahead=32)
+    stop = prefetcher.stop
+    peak = consume(prefetcher, writer, urls, cache_dir, limit, 0, stop)
+    prefetcher.close()
+    assert prefetcher.reserve == 6 * SIZE
+    assert peak <= limit
+    assert prefetcher.stats['freed_at_read'] > 0
+    offline = simulate(prefetcher.stream.ids(0, stop), SIZE,
+                       limit - prefetcher.reserve)['belady_bypass']
+    counts = prefetcher.store.counters()
+    # The plan's hits, and no download beyond its misses: a file freed at
+    # its read was never needed again before its next planned download.
+    assert prefetcher.stats['planned_hits'] == offline.hits + _SIZE_PROBES
+    assert counts[NAMESPACE]['produced'] <= offline.reads - offline.hits
+    assert prefetcher.stats['refetched'] == 0
+    assert counts[READS]['misses'] == 0
+    # Marks of reads still ahead were taken back or used: none is left.
+    assert not os.listdir(prefetcher.marks.once_dir)
+
+
+def test_auto_reserve_is_max_inflight_samples(tmp_path):
+    prefetcher, writer, *_ = build(tmp_path, reserve=None)
+    writer.publish(0, 0)
+    prefetcher.poll()
+    prefetcher.close()
+    # 4 downloads in flight at most, of SIZE bytes, a quarter of 40.
+    assert prefetcher.reserve == 4 * SIZE
+    assert prefetcher.planner.cache.capacity == 36 * SIZE
+
+
 def restart(first, cache_dir, urls, limit, token):
     store = NodeStore(cache_dir, limit)
     stream = first.stream

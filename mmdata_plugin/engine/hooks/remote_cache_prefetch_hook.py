@@ -65,8 +65,11 @@ class RemoteCachePrefetchHook(Hook):
         path_keys (Sequence[str]): Data-info keys holding the files a
             sample reads. Defaults to ``('img_path', 'seg_map_path')``.
         prefetch_reserve (int | str | float): Part of ``cache_limit`` held
-            for downloads ahead of the readers (bytes, ``'2GB'``, or a
-            fraction of the limit). Defaults to 0.1.
+            for files downloaded ahead of their read that the plan does not
+            keep (bytes, ``'2GB'``, or a fraction of the limit); each is
+            freed as soon as a DataLoader worker has read it. ``'auto'``:
+            ``max_inflight`` samples of the mean size, at most a quarter of
+            the limit. Defaults to ``'auto'``.
         max_inflight (int): Most downloads at once. Defaults to 64.
         horizon_epochs (float): Look-ahead for next uses, in epochs (passes
             of the dataset for infinite samplers). Two see every reuse.
@@ -89,7 +92,7 @@ class RemoteCachePrefetchHook(Hook):
 
     def __init__(self,
                  path_keys: Sequence[str] = ('img_path', 'seg_map_path'),
-                 prefetch_reserve: Union[int, str, float] = 0.1,
+                 prefetch_reserve: Union[int, str, float] = 'auto',
                  max_inflight: int = 64,
                  horizon_epochs: float = 2,
                  max_horizon: int = 1 << 23,
@@ -144,8 +147,10 @@ class RemoteCachePrefetchHook(Hook):
             logger='current')
         return find_node_cache_args(dataset)
 
-    def _reserve(self, limit: int) -> int:
+    def _reserve(self, limit: int) -> Optional[int]:
         value = self.prefetch_reserve
+        if value == 'auto':
+            return None
         if isinstance(value, float) and 0 < value < 1:
             return int(limit * value)
         return parse_size(value, 'prefetch_reserve')
@@ -222,7 +227,8 @@ class RemoteCachePrefetchHook(Hook):
         runner.logger.info(
             f'RemoteCachePrefetchHook: node prefetcher started for ranks '
             f'{spec.ranks[0]}..{spec.ranks[-1]} (cache_limit '
-            f'{self._args["cache_limit"]}, reserve {spec.reserve} bytes, '
+            f'{self._args["cache_limit"]}, reserve '
+            f'{"auto" if spec.reserve is None else spec.reserve}, '
             f'look-ahead {spec.horizon} samples).')
 
     # -- per iteration ----------------------------------------------------
