@@ -23,9 +23,12 @@
 #
 # Reported per configuration (both ranks together): loader samples/s per
 # epoch, p99 batch wait, remote MB per epoch and over the data set size,
-# hit rate (reads not served by a download), duplicate downloads (a sample
-# downloaded more than once within one epoch), peak bytes on disk over the
-# budget, wrong samples (must be 0). Readers without a planner are bound at
+# hit rate (reads not served by a download) next to the hit rates of
+# Belady-with-bypass (the optimum), LRU and keep-a-fixed-set computed
+# offline on the very trace the node read at the same budget, remote bytes
+# over Belady's (MB/opt), duplicate downloads (a sample downloaded more than
+# once within one epoch), peak sample bytes on disk (entries and downloads
+# in flight) over the budget, wrong samples (must be 0). Readers without a planner are bound at
 # ranks x workers / latency samples/s (one request in flight per worker), so
 # they read a subset of the data set sized to take --time-box seconds per
 # epoch at that bound (the "set" column); an epoch still running after 3x
@@ -95,8 +98,6 @@ def parse_args(argv=None):
     if args.quick:
         args.samples = min(args.samples, 2000)
         args.budgets = '25'
-        # the node cache must hold what the DataLoaders read ahead twice
-        # over: 2 ranks x (2 x 2 workers + 2) batches of 32 would need 38%
         args.batch_size = min(args.batch_size, 16)
         args.time_box = min(args.time_box, 6)
     return args
@@ -184,6 +185,9 @@ def ours_prefetch(dataset, sampler, backend_args: dict, epochs: int,
         stream = NodeStream(
             sample_order_of(BatchSampler(sampler, batch_size, False),
                             world_size), world_size, rank, local_size)
+        # The node's reads, for the offline policies of the report.
+        np.save(osp.join(osp.dirname(cache_dir), 'trace.npy'),
+                stream.ids(0, epochs * stream.epoch_ticks))
         process = PrefetchProcess(
             PrefetchSpec(
                 cache_dir=cache_dir,
@@ -194,7 +198,7 @@ def ours_prefetch(dataset, sampler, backend_args: dict, epochs: int,
                 sample_urls=SampleFiles(dataset, ('img_path', )),
                 ranks=list(range(rank, rank + local_size)),
                 token=token[0],
-                reserve=limit // 10,
+                reserve=None,
                 readahead=(2 * workers + 2) * batch_size * local_size,
                 max_inflight=64,
                 stop=epochs * stream.epoch_ticks,
@@ -355,11 +359,12 @@ def run_rank(args) -> None:
 
 
 # -------------------------------------------------------------- driver
-def directory_bytes(path: str) -> int:
-    """Bytes of the regular files under ``path`` (temp files included),
+def directory_bytes(*paths: str) -> int:
+    """Bytes of the regular files under ``paths`` (temp files included),
     summed by ``find`` in its own process: a walk in this process would
     hold the GIL that the loopback server needs."""
-    result = subprocess.run(['find', path, '-type', 'f', '-printf', '%s\n'],
+    result = subprocess.run(['find', *paths, '-type', 'f', '-printf',
+                             '%s\n'],
                             stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL,
                             text=True)
@@ -377,8 +382,12 @@ def run_config(name: str, args, server, work_dir: str) -> dict:
     done = threading.Event()
 
     def watch():
+        # Sample data on disk: published entries and downloads in flight
+        # (the ledger, counters and planner files are not sample bytes).
+        data = [osp.join(cache_dir, sub) for sub in ('entries', 'tmp')]
         while not done.is_set():
-            peak[0] = max(peak[0], directory_bytes(cache_dir))
+            if all(osp.isdir(path) for path in data):
+                peak[0] = max(peak[0], directory_bytes(*data))
             done.wait(0.5)
 
     watcher = threading.Thread(target=watch, daemon=True)
@@ -412,7 +421,30 @@ def run_config(name: str, args, server, work_dir: str) -> dict:
     ]
     result = summarize(name, ranks, server.download_log(), peak[0], args)
     result['subset'] = settings['subset']
+    if name.startswith('ours@'):
+        result['offline'] = offline_policies(
+            osp.join(work_dir, 'trace.npy'), args.sample_sizes,
+            args.budget_bytes[name], args.epochs)
     return result
+
+
+def offline_policies(trace_file: str, sizes: np.ndarray, budget: int,
+                     epochs: int) -> dict:
+    """Hit rate and remote MB per epoch of Belady-with-bypass (the
+    optimum), LRU and keep-a-fixed-set on the trace the run read, at the
+    run's whole budget."""
+    from mmdata_plugin.remote_cache import simulate_segments
+    trace = np.load(trace_file)
+    ticks = len(trace) // epochs
+    segments = simulate_segments(trace, sizes, budget,
+                                 [e * ticks for e in range(epochs + 1)])
+    return {
+        policy: [
+            dict(hit_rate=r.hit_rate, remote_mb=r.remote_bytes / 1e6)
+            for r in per_epoch
+        ]
+        for policy, per_epoch in segments.items()
+    }
 
 
 def summarize(name, ranks, log, peak_disk, args) -> dict:
@@ -495,6 +527,11 @@ def main():
             json.dump(spec, f)
     shutil.rmtree(osp.join(work_dir, 'index'), ignore_errors=True)
     data_bytes = directory_bytes(osp.join(data_dir, 'data'))
+    with open(osp.join(data_dir, 'train.txt')) as f:
+        args.sample_sizes = np.array([
+            osp.getsize(osp.join(data_dir,
+                                 line.split()[0])) for line in f
+        ])
     budgets = [float(b) for b in args.budgets.split(',') if b]
     args.budget_bytes = {
         f'ours@{b:g}%': int(data_bytes * b / 100)
@@ -538,7 +575,8 @@ def main():
                 data_bytes=data_bytes,
                 settings={
                     k: v
-                    for k, v in vars(args).items() if k != 'budget_bytes'
+                    for k, v in vars(args).items()
+                    if k not in ('budget_bytes', 'sample_sizes')
                 }),
             f,
             indent=1)
@@ -559,7 +597,8 @@ def report(results, skipped, data_bytes, args):
     header = (f'{"config":<15}{"set":>6}{"ep":>3}{"samples/s":>11}'
               f'{"vs local":>9}'
               f'{"p99 wait ms":>12}{"remote MB":>10}{"/set":>7}'
-              f'{"hit %":>7}{"dup dl":>7}{"disk/budget":>12}{"wrong":>6}')
+              f'{"hit %":>7}{"Belady":>7}{"LRU":>6}{"fixed":>6}'
+              f'{"MB/opt":>7}{"dup dl":>7}{"disk/budget":>12}{"wrong":>6}')
     print(header)
     print('-' * len(header))
     for result in results:
@@ -574,13 +613,23 @@ def report(results, skipped, data_bytes, args):
             hit = '-' if epoch['hit_rate'] is None else '%.1f' % (
                 100 * epoch['hit_rate'])
             first = e == 0
+            offline = result.get('offline')
+            if offline:
+                policies = ''.join(
+                    f'{100 * offline[p][e]["hit_rate"]:>{w}.1f}'
+                    for p, w in (('belady_bypass', 7), ('lru', 6),
+                                 ('fixed_set', 6)))
+                optimum = offline['belady_bypass'][e]['remote_mb']
+                over = f'{epoch["remote_mb"] / max(optimum, 1e-9):>7.2f}'
+            else:
+                policies, over = f'{"-":>7}{"-":>6}{"-":>6}', f'{"-":>7}'
             print(f'{result["name"] if first else "":<15}'
                   f'{result["subset"] if first else "":>6}{e + 1:>3}'
                   f'{epoch["samples_per_s"]:>10.0f}'
                   f'{"*" if epoch["cut"] else " "}{ratio:>9}'
                   f'{epoch["p99_wait_ms"]:>12.1f}{epoch["remote_mb"]:>10.1f}'
                   f'{epoch["remote_mb"] / set_mb:>7.2f}'
-                  f'{hit:>7}{epoch["duplicates"]:>7}'
+                  f'{hit:>7}{policies}{over}{epoch["duplicates"]:>7}'
                   f'{disk if e == 0 else "":>12}{epoch["wrong"]:>6}')
     for name, reason in skipped.items():
         print(f'{name:<15} {reason}')
