@@ -180,7 +180,8 @@ class NodeCacheBackend(BaseStorageBackend):
                              (time.perf_counter() - start) * 1e6)
             yield entry.path
             if entry.admitted:
-                self.marks.report_read(os.path.basename(entry.path))
+                self.marks.report_read(os.path.basename(entry.path),
+                                       waited=True)
 
     def get(self, filepath) -> bytes:
         """The file's bytes (from the node cache when it holds them)."""

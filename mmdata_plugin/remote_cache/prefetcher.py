@@ -43,6 +43,8 @@ from .stream_planner import StreamPlanner
 _SIZE_PROBES = 4
 #: Fewest samples the reserve stages (below it nothing is read ahead).
 _MIN_STAGED = 4
+#: Reads ahead of the plan remembered until the plan decides them.
+_READ_AHEAD_MEMORY = 1 << 16
 #: Gauges of the running prefetcher, for monitors (JSON, replaced atomically).
 STATUS_FILE = 'planner/status.json'
 
@@ -105,8 +107,13 @@ class NodePrefetcher:
         self._reads: Dict[int, int] = {}
         self._releases: list = []
         # Files of the samples the plan has on its books (read ahead or
-        # kept).
+        # kept), and the sample of each file's digest.
         self._urls: Dict[int, List[str]] = {}
+        self._booked: Dict[str, int] = {}
+        # Digests of files a reader read before the plan decided their
+        # tick (a reader ahead of the plan downloads on demand), oldest
+        # first.
+        self._read_ahead: Dict[str, None] = {}
         # Staged files (read ahead, not kept): bytes held of the reserve.
         self._staged: Dict[str, int] = {}
         self._staged_bytes = 0
@@ -125,7 +132,7 @@ class NodePrefetcher:
         self.stats = dict(planned=0, planned_hits=0, downloads=0,
                           refetched=0, not_admitted=0, failed=0,
                           evicted_by_plan=0, freed_at_read=0,
-                          reserve_full=0)
+                          read_before_planned=0, reserve_full=0)
         self._warned = set()
 
     # -- sizes --------------------------------------------------------------
@@ -180,7 +187,7 @@ class NodePrefetcher:
         with self._lock:
             self.planner.adopt(present)
             for sample in self.planner.cache.until:
-                self._urls[sample] = list(self.sample_urls(sample))
+                self._book(sample)
 
     def _sized_reserve(self) -> int:
         """The reserve in bytes, now that the mean sample size is known."""
@@ -204,6 +211,20 @@ class NodePrefetcher:
         return self.reserve
 
     # -- what stays on disk ---------------------------------------------------
+
+    def _book(self, sample: int) -> List[str]:
+        urls = self._urls.get(sample)
+        if urls is None:
+            urls = self._urls[sample] = list(self.sample_urls(sample))
+            for url in urls:
+                self._booked[self._digest(url)] = sample
+        return urls
+
+    def _unbook(self, sample: int) -> List[str]:
+        urls = self._urls.pop(sample)
+        for url in urls:
+            self._booked.pop(self._digest(url), None)
+        return urls
 
     def _stage(self, url: str, nbytes: int) -> None:
         if url not in self._staged:
@@ -243,8 +264,7 @@ class NodePrefetcher:
                 self._unmark(url)
             if kept:
                 return []
-            del self._urls[sample]
-            return urls
+            return self._unbook(sample)
         share = self.size_of(sample) // len(urls)
         for url in urls:
             self._stage(url, share)
@@ -259,13 +279,27 @@ class NodePrefetcher:
         gone = []
         for digest in self.marks.take_read():
             marked = self._marked.pop(digest, None)
-            if marked is None:
-                continue
-            _, url = marked
-            self._unstage(url)
-            gone.append(url)
+            if marked is not None:
+                _, url = marked
+                self._unstage(url)
+                gone.append(url)
+            elif digest not in self._booked:
+                self._read_ahead[digest] = None
         self.stats['freed_at_read'] += len(gone)
+        # Reads the plan never reaches (the run ends first) are forgotten.
+        for digest in list(self._read_ahead)[:-_READ_AHEAD_MEMORY]:
+            del self._read_ahead[digest]
         return gone
+
+    def _read_already(self, urls: List[str]) -> bool:
+        """Whether a reader ahead of the plan has read these files (the
+        read of the tick being decided); forgets that it did."""
+        digests = [self._digest(url) for url in urls]
+        if not all(digest in self._read_ahead for digest in digests):
+            return False
+        for digest in digests:
+            del self._read_ahead[digest]
+        return True
 
     def _release_consumed(self) -> List[str]:
         gone = []
@@ -397,12 +431,20 @@ class NodePrefetcher:
         # A dropped sample stays only for a read of it still ahead.
         for victim in decision.dropped:
             gone.extend(self._settle(victim))
-        self._reads[sample] = self._reads.get(sample, 0) + 1
-        heapq.heappush(self._releases, (tick, sample))
-        if sample not in self._urls:
-            self._urls[sample] = list(self.sample_urls(sample))
-        self._settle(sample)
-        urls = self._urls[sample]
+        read = sample not in self._urls and self._read_already(
+            self.sample_urls(sample))
+        urls = self._book(sample)
+        if read:
+            # Nothing to download for this read: what is left of it is
+            # what the plan keeps.
+            self.stats['read_before_planned'] += 1
+            gone.extend(self._settle(sample))
+            if sample not in self._urls:
+                return None
+        else:
+            self._reads[sample] = self._reads.get(sample, 0) + 1
+            heapq.heappush(self._releases, (tick, sample))
+            self._settle(sample)
         if sample in self._downloading or self._present(urls):
             return None
         if decision.hit:

@@ -12,7 +12,9 @@ digest in ``planner/once``); a reader that has read an entry moves its
 mark, if any, to ``planner/read`` (one ``rename``, the only cost on the
 read path); the prefetcher takes the moved marks and evicts those entries.
 Only the prefetcher evicts, so a mark taken back before the read (the plan
-changed its mind) never loses a file.
+changed its mind) never loses a file. A reader that did not find the file
+reports its read even unmarked: it may be ahead of the plan, which then
+downloads nothing for that read.
 """
 import contextlib
 import os
@@ -51,12 +53,18 @@ class ReadOnceMarks:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(os.path.join(directory, digest))
 
-    def report_read(self, digest: str) -> None:
-        """A reader has read the entry ``digest``."""
-        with contextlib.suppress(FileNotFoundError):
-            os.rename(
-                os.path.join(self.once_dir, digest),
-                os.path.join(self.read_dir, digest))
+    def report_read(self, digest: str, waited: bool = False) -> None:
+        """A reader has read the entry ``digest``; ``waited``: it was not on
+        disk when the reader looked (reported whether marked or not, so
+        the plan learns of reads ahead of it)."""
+        marked = os.path.join(self.once_dir, digest)
+        read = os.path.join(self.read_dir, digest)
+        try:
+            os.rename(marked, read)
+        except FileNotFoundError:
+            if waited:
+                with contextlib.suppress(FileNotFoundError):
+                    os.close(os.open(read, os.O_CREAT | os.O_WRONLY, 0o644))
 
     def take_read(self) -> List[str]:
         """Digests of marked entries read since the last call."""

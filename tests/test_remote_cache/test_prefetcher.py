@@ -141,6 +141,34 @@ def test_files_read_ahead_are_freed_at_their_read(tmp_path):
     assert not os.listdir(prefetcher.marks.once_dir)
 
 
+def test_reads_ahead_of_the_plan_are_not_downloaded_again(tmp_path):
+    # The readers run 100 ticks ahead of what the plan has decided (it
+    # lags, or its reserve is full) and download on demand; the budget
+    # (40 samples) cannot keep those files until the plan gets there. The
+    # plan learns of those reads and downloads nothing for them.
+    prefetcher, writer, urls, cache_dir, limit = build(tmp_path, count=400,
+                                                       epochs=1)
+    writer.publish(0, 0)
+    prefetcher.poll()
+    while prefetcher.status()['inflight']:
+        time.sleep(0.001)
+    decided = prefetcher.planner.tick
+    ahead = decided + 100
+    backend = NodeCacheBackend(cache_dir, limit)
+    for sample in prefetcher.stream.ids(0, ahead).tolist():
+        (url, ) = urls(sample)
+        backend.get(url)
+    produced = prefetcher.store.counters(NAMESPACE)['produced']
+    consume(prefetcher, writer, urls, cache_dir, limit, ahead,
+            prefetcher.stream.epoch_ticks)
+    prefetcher.close()
+    # One epoch reads every sample once: one download each.
+    counts = prefetcher.store.counters(NAMESPACE)
+    assert produced == ahead
+    assert counts['produced'] == prefetcher.stream.epoch_ticks
+    assert prefetcher.stats['read_before_planned'] == 100
+
+
 def test_auto_reserve_is_max_inflight_samples(tmp_path):
     prefetcher, writer, *_ = build(tmp_path, reserve=None)
     writer.publish(0, 0)
