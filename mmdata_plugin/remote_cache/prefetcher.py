@@ -43,6 +43,8 @@ from .stream_planner import StreamPlanner
 _SIZE_PROBES = 4
 #: Fewest samples the reserve stages (below it nothing is read ahead).
 _MIN_STAGED = 4
+#: Seconds a file nobody planned stays out of the eviction order's front.
+_JUST_PUBLISHED = 2.0
 #: Reads ahead of the plan remembered until the plan decides them.
 _READ_AHEAD_MEMORY = 1 << 16
 #: Gauges of the running prefetcher, for monitors (JSON, replaced atomically).
@@ -124,6 +126,9 @@ class NodePrefetcher:
         self._pool = ThreadPoolExecutor(max_inflight, 'node-prefetch')
         self._inflight = 0
         self._downloading = set()
+        # Files off the books, until this thread has evicted them.
+        self._leaving = set()
+        self._started_at = time.time()
         # measured rates (exponential moving averages)
         self._latency = 0.05
         self._rate = 0.0
@@ -316,31 +321,47 @@ class NodePrefetcher:
     def _evict(self, urls: List[str]) -> None:
         # Outside self._lock: the store's ledger lock is taken before ours
         # when a download's reservation asks `victims`. Only this thread
-        # decides, so a file gone from the books stays gone from them.
+        # books, so a file leaving now is on no book.
         for url in urls:
             if self.store.evict(NAMESPACE, url):
                 self.stats['evicted_by_plan'] += 1
+        with self._lock:
+            self._leaving.difference_update(urls)
 
     # -- eviction policy of the planner's store -----------------------------
 
     def victims(self, nbytes: int = 0):
         """Who the store evicts when a download needs room: files no plan
         needs, then kept samples, the one read furthest ahead first (never
-        one read within the window)."""
+        one read within the window), then files no plan needs that were
+        published within the last seconds."""
         with self._lock:
             needed = {url for urls in self._urls.values() for url in urls}
             kept = ([] if self.planner is None else
                     [(sample, self.planner.cache.until[sample])
                      for sample in self.planner.cache.kept_by_next_use()])
             soon = self.position + self.window()
+            leaving = list(self._leaving)
+        for url in leaving:
+            yield NAMESPACE, url
+        # A file a reader ahead of the plan has just downloaded is on no
+        # book yet, but evicting it before that reader opened it would make
+        # the reader download it again.
+        settled = max(self._started_at, time.time() - _JUST_PUBLISHED)
+        recent = []
         for row in self.store.entries(NAMESPACE):
-            if row.key not in needed:
-                yield NAMESPACE, row.key
+            if row.key not in needed and row.key not in leaving:
+                if row.last_access > settled:
+                    recent.append(row.key)
+                else:
+                    yield NAMESPACE, row.key
         for sample, until in kept:
             if until < soon:
-                return
+                break
             for url in self._urls.get(sample, ()):
                 yield NAMESPACE, url
+        for url in recent:
+            yield NAMESPACE, url
 
     # -- window and concurrency ---------------------------------------------
 
@@ -386,20 +407,21 @@ class NodePrefetcher:
         with self._lock:
             self.position = max(self.position, position)
             self._measure(self.position)
-            gone = self._take_reads() + self._release_consumed()
-            downloads, dropped = self._decide_ahead()
-        self._evict(gone + dropped)
+            self._leaving.update(self._take_reads())
+            self._leaving.update(self._release_consumed())
+            downloads = self._decide_ahead()
+            leaving = list(self._leaving)
+        self._evict(leaving)
         for download in downloads:
             self._pool.submit(self._download, *download)
         return True
 
-    def _decide_ahead(self) -> tuple:
-        """Decide the ticks of the window: the downloads to start and the
-        files to evict."""
+    def _decide_ahead(self) -> list:
+        """Decide the ticks of the window; the downloads to start."""
         planner = self.planner
         must = self.position + self.readahead
         end = self.position + self.window()
-        downloads, gone = [], []
+        downloads = []
         # A tick stages at most two samples (its read and one dropped).
         room = self.reserve - 2 * int(self._mean_size)
         target = self.target_inflight()
@@ -414,14 +436,14 @@ class NodePrefetcher:
             decision = planner.decide()
             if decision is None:
                 break
-            download = self._apply(decision, gone)
+            download = self._apply(decision)
             if download is not None:
                 downloads.append(download)
-        return downloads, gone
+        return downloads
 
-    def _apply(self, decision, gone: List[str]) -> Optional[tuple]:
-        """Book what the decision needs on disk (files no longer needed go
-        to ``gone``); the download it needs, if any."""
+    def _apply(self, decision) -> Optional[tuple]:
+        """Book what the decision needs on disk (files no longer needed
+        leave); the download it needs, if any."""
         tick, sample = decision.tick, decision.sample
         self.stats['planned'] += 1
         if decision.hit:
@@ -430,15 +452,17 @@ class NodePrefetcher:
         self._miss_share = max(0.05, 1 - hits)
         # A dropped sample stays only for a read of it still ahead.
         for victim in decision.dropped:
-            gone.extend(self._settle(victim))
+            self._leaving.update(self._settle(victim))
         read = sample not in self._urls and self._read_already(
             self.sample_urls(sample))
         urls = self._book(sample)
+        # Booked again before this round evicted it: it stays.
+        self._leaving.difference_update(urls)
         if read:
             # Nothing to download for this read: what is left of it is
             # what the plan keeps.
             self.stats['read_before_planned'] += 1
-            gone.extend(self._settle(sample))
+            self._leaving.update(self._settle(sample))
             if sample not in self._urls:
                 return None
         else:
