@@ -347,6 +347,41 @@ def test_prefetcher_killed_stops_training_then_resume_completes(
         check_store(str(cache_dir), cache_limit, demo, srv)
 
 
+def test_prefetcher_killed_in_the_last_iteration_does_not_hang_the_run(
+        demo, cache_limit, probe_env, tmp_path):
+    """The prefetch process dies after the last iteration's check: the
+    run ends (the hook's shutdown does not wait on the dead process).
+
+    Broken: with the stop signal a multiprocessing Event (as before this
+    test) the run hangs in PrefetchProcess.stop(): a process killed inside
+    Event.wait() stays counted as a sleeper of the Event's condition and
+    Event.set() waits for it forever (wait below times out).
+    """
+    cache_dir, work_dir = tmp_path / 'cache', tmp_path / 'work'
+    config = write_config(tmp_path / 'cfg.py', cache_dir, cache_limit,
+                          tmp_path / 'loaded', max_iters=6, interval=6,
+                          delay=0.5)
+    with LoopbackHTTPServer(demo, latency=0.005) as srv:
+        env = run_env(probe_env, srv, tmp_path)
+        with open(tmp_path / 'train.log', 'w') as log:
+            proc = start_training(config, work_dir, env, log)
+            try:
+                pid = wait_for(lambda: prefetcher_pid(cache_dir, proc.pid),
+                               'prefetcher pid', proc)
+                # The last iteration's after_train_iter sleeps 0.5 s.
+                wait_for(lambda: osp.exists(work_dir / 'probe_rank0.jsonl')
+                         and 5 in records(work_dir), 'iteration 5', proc)
+                os.kill(pid, signal.SIGKILL)
+                code = proc.wait(timeout=30)
+            finally:
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+    out = (tmp_path / 'train.log').read_text()
+    assert code == 0, out[-3000:]
+    assert 'Iter(train) [6/6]' in out
+
+
 # -- 2. kill -9 of the whole run mid-download ------------------------------
 
 
