@@ -28,6 +28,8 @@ from helpers import REPO_ROOT, TRAIN_SCRIPT
 from mmdata_plugin.cache.node_store import MARKER, NodeStore
 from mmdata_plugin.cache.process_owner import owner_from_file_name
 from mmdata_plugin.cache.store_ledger import StoreLedger
+from mmdata_plugin.remote_cache.node_cache_backend import (NodeCacheBackend,
+                                                           write_victims)
 from mmdata_plugin.testing import (LoopbackHTTPServer, cpu_env, descendants,
                                    run_command, run_torchrun,
                                    run_until_checkpoint_then_kill,
@@ -380,6 +382,34 @@ def test_prefetcher_killed_in_the_last_iteration_does_not_hang_the_run(
     out = (tmp_path / 'train.log').read_text()
     assert code == 0, out[-3000:]
     assert 'Iter(train) [6/6]' in out
+
+
+def test_reader_evicts_past_a_dead_prefetchers_victims_list(tmp_path):
+    """A reader that needs room while the victims list of a prefetcher
+    that just died (or one whose listed files are gone already) frees
+    nothing falls back to the least recently used, as documented, instead
+    of failing the read.
+
+    Found when the hook's liveness check was disabled: the killed
+    prefetcher's list (under 10 s old) named only evicted files and a
+    DataLoader worker's read raised CacheBudgetError ("eviction frees only
+    0 B"). Broken (PlannedEviction: LRU only when the list is empty): the
+    get() below raises CacheBudgetError.
+    """
+    files = {f'train/{i}.bin': bytes([i]) * 1000 for i in range(6)}
+    cache_dir = str(tmp_path / 'cache')
+    with LoopbackHTTPServer(files) as srv:
+        backend = NodeCacheBackend(cache_dir, 4000)
+        for i in range(4):
+            assert backend.get(srv.url(f'train/{i}.bin')) == files[
+                f'train/{i}.bin']
+        # The list a killed prefetcher left: files evicted since.
+        write_victims(cache_dir, [srv.url('train/8.bin'),
+                                  srv.url('train/9.bin')])
+        assert backend.get(srv.url('train/4.bin')) == files['train/4.bin']
+        usage = NodeStore(cache_dir, 4000).usage()
+    assert usage.committed_bytes + usage.inflight_bytes <= 4000
+    assert usage.entries == 4
 
 
 # -- 2. kill -9 of the whole run mid-download ------------------------------
