@@ -300,9 +300,12 @@ def test_prefetcher_killed_stops_training_then_resume_completes(
     ``--resume`` on the same (warm, with the dead process's temp files and
     reservations) cache runs to the end and never serves a partial file.
 
-    Broken: without the hook's liveness check in before_train_iter the
-    killed run trains on to the end with every read on demand (exit 0):
-    the first assertion fails.
+    Broken (checked): without the hook's liveness check in
+    before_train_iter the killed run trains on with every read on demand
+    (28 of 30 iterations, then a worker's CacheBudgetError and, before the
+    pipe fix in prefetch_process.py, a hang at exit): no hook error, the
+    wait times out. With NodeStore._reclaim_abandoned disabled the restart
+    leaves the dead prefetcher's reservation (inflight_bytes != 0).
     """
     cache_dir, work_dir = tmp_path / 'cache', tmp_path / 'work'
     loaded = tmp_path / 'loaded'
@@ -447,10 +450,10 @@ def test_whole_run_killed_mid_download_then_restart(demo, cache_limit,
     is not blocked by what they left (temp files, reservations, lock files),
     serves no partial file and holds the budget.
 
-    Broken: with NodeStore._write_temp writing into the entry's final path
-    (no temp + rename) the restart serves the torn file (pixels differ);
-    with _reclaim_abandoned keeping dead owners' reservations the store is
-    left with in-flight bytes nobody will release (inflight_bytes != 0).
+    Broken (checked): with NodeStore._reclaim_abandoned disabled the dead
+    processes' reservations stay (inflight_bytes != 0) and their temp files
+    too. A store writing into the entry's final path (no temp + rename)
+    fails even earlier: the first run reads torn files.
     """
     cache_dir, work_dir = tmp_path / 'cache', tmp_path / 'work'
     loaded = tmp_path / 'loaded'
@@ -543,9 +546,9 @@ def test_resume_with_a_cold_cache(reference_run, demo, cache_limit,
     """Resume the uninterrupted run's iter_12.pth onto an empty cache_dir:
     the same batches, downloads only of what is read from there on.
 
-    Broken: a planner that starts at tick 0 instead of the resumed position
-    (prefetcher.poll: self.start(0)) downloads the samples of iterations
-    0..11, which the resumed run never reads.
+    Broken (checked): a planner that starts at tick 0 instead of the
+    resumed position (prefetcher.poll: self.start(0)) downloads samples of
+    iterations 0..11 that the resumed run never reads.
     """
     config = write_config(tmp_path / 'cfg.py', tmp_path / 'cache',
                           cache_limit, tmp_path / 'loaded',
@@ -568,7 +571,7 @@ def test_resume_with_a_warm_cache(reference_run, demo, cache_limit,
     left: the same batches as the uninterrupted run, no download of what is
     read only before the checkpoint, and the warm files save downloads.
 
-    Broken: as the cold-cache test (planner from tick 0).
+    Broken (checked): as the cold-cache test (planner from tick 0).
     """
     cache_dir, work_dir = tmp_path / 'cache', tmp_path / 'work'
     config = write_config(tmp_path / 'cfg.py', cache_dir, cache_limit,
@@ -616,10 +619,8 @@ def test_two_ranks_then_one_rank_on_the_same_cache(demo, cache_limit,
     stream (the samples and pixels the 2-rank run had at each position),
     downloads nothing it does not read, within the budget.
 
-    Broken: a planner from tick 0 (as above) downloads the samples of the
-    first 48 positions; a hook that took the node's first rank for a
-    world-size-1 run wrongly (NodeStream(order, 1, 1, 1)) plans a stream
-    the loop does not read (downloads outside what is read).
+    Broken (checked): a planner from tick 0 (as above) downloads samples
+    of the first 48 positions that the resumed run never reads.
     """
     cache_dir, loaded = tmp_path / 'cache', tmp_path / 'loaded'
     config = write_config(tmp_path / 'cfg.py', cache_dir, cache_limit,
