@@ -68,8 +68,14 @@ class PlannedEviction:
         planned = self.planned()
         for url in planned:
             yield NAMESPACE, url
-        if not planned:
-            yield from self.store.least_recently_used(nbytes)
+        # Then the least recently used: the listed files may be gone (the
+        # list is up to VICTIMS_MAX_AGE old; a dead prefetcher's), and a read
+        # must not fail for it. Each entry once (the store counts what it
+        # frees by what is yielded).
+        listed = set(planned)
+        for namespace, key in self.store.least_recently_used(nbytes):
+            if namespace != NAMESPACE or key not in listed:
+                yield namespace, key
 
 
 def write_victims(cache_dir: str, urls: List[str]) -> None:

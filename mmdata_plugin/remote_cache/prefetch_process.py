@@ -7,6 +7,7 @@ It stops when told, when its parent dies, or on Ctrl-C; its downloads are
 daemon threads and anything they leave half-written is a temp file that the
 store reclaims.
 """
+import contextlib
 import multiprocessing
 import os
 import time
@@ -58,18 +59,18 @@ def build_prefetcher(spec: PrefetchSpec) -> NodePrefetcher:
     return prefetcher
 
 
-def _run(spec: PrefetchSpec, stop_event, parent: int) -> None:
+def _run(spec: PrefetchSpec, stop, parent: int) -> None:
     prefetcher = build_prefetcher(spec)
     next_status = 0.0
     try:
-        while not stop_event.is_set() and os.getppid() == parent:
+        while not stop.poll() and os.getppid() == parent:
             prefetcher.poll()
             now = time.monotonic()
             if now >= next_status:
                 prefetcher.write_status(spec.cache_dir)
                 prefetcher.write_victims(spec.cache_dir)
                 next_status = now + _STATUS_SECONDS
-            stop_event.wait(_POLL_SECONDS)
+            stop.poll(_POLL_SECONDS)
     except KeyboardInterrupt:
         pass
     finally:
@@ -86,10 +87,14 @@ class PrefetchProcess:
 
     def __init__(self, spec: PrefetchSpec) -> None:
         context = multiprocessing.get_context('fork')
-        self._stop = context.Event()
+        # A pipe, not an Event: a process killed (kill -9, OOM) inside
+        # Event.wait leaves the Event's condition counting it as a sleeper,
+        # and Event.set() then waits for it forever -- the training process
+        # would hang in stop().
+        stop, self._stop = context.Pipe(duplex=False)
         self._process = context.Process(
             target=_run,
-            args=(spec, self._stop, os.getpid()),
+            args=(spec, stop, os.getpid()),
             name='node-cache-prefetch',
             daemon=True)
         self._process.start()
@@ -105,7 +110,8 @@ class PrefetchProcess:
     def stop(self, timeout: float = 30) -> None:
         """Ask the process to stop; kill it if it does not within
         ``timeout`` seconds (a download stuck on a dead connection)."""
-        self._stop.set()
+        with contextlib.suppress(OSError):  # dead already: no reader
+            self._stop.send(None)  # a few bytes: never blocks
         self._process.join(timeout)
         if self._process.is_alive():
             print_log(
