@@ -95,6 +95,9 @@ _TOUCH_FLUSH = 4096
 # Seconds between two looks for what dead processes left (a reservation
 # that does not fit looks at once).
 _RECLAIM_INTERVAL = 10.0
+# Seconds a private (unpublished) write waits for room as readers release
+# theirs, before the read fails with CacheBudgetError.
+_PRIVATE_WAIT_SECONDS = 300.0
 
 
 def default_cache_dir() -> str:
@@ -186,18 +189,40 @@ class Reservation:
 
 
 class _ReservedWriter:
-    """File-like object a producer writes into, kept within its reservation."""
+    """File-like object a producer writes into, kept within its reservation.
 
-    def __init__(self, file: BinaryIO, reservation: Reservation):
+    Args:
+        file (BinaryIO): The temp file.
+        reservation (Reservation): Bytes held for it.
+        wait (float): Seconds a growth may wait for room (releases by other
+            processes) before :class:`CacheBudgetError`; 0 raises at once.
+    """
+
+    def __init__(self, file: BinaryIO, reservation: Reservation,
+                 wait: float = 0) -> None:
         self._file = file
         self._reservation = reservation
+        self._wait = wait
         self.written = 0
+
+    def _grow(self, nbytes: int) -> None:
+        deadline = time.monotonic() + self._wait
+        delay = 0.01
+        while True:
+            try:
+                return self._reservation.grow(nbytes)
+            except CacheBudgetError:
+                if (nbytes > self._reservation.store.limit
+                        or time.monotonic() + delay > deadline):
+                    raise
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
 
     def write(self, data) -> int:
         size = memoryview(data).nbytes
         if self.written + size > self._reservation.nbytes:
             # grow by at least a quarter so streaming writes rarely ask
-            self._reservation.grow(
+            self._grow(
                 max(self.written + size,
                     self._reservation.nbytes + self._reservation.nbytes // 4))
         self._file.write(data)
@@ -394,10 +419,15 @@ class NodeStore:
             except CacheBudgetError:
                 return self._produce_private(namespace, produce, size_hint,
                                              validate)
-            with reservation:
-                temp = self._write_temp(produce, reservation, validate)
-                self._publish(reservation, temp, EntryRow(
-                    digest, namespace, key, 0, time.time()))
+            try:
+                with reservation:
+                    temp = self._write_temp(produce, reservation, validate)
+                    self._publish(reservation, temp, EntryRow(
+                        digest, namespace, key, 0, time.time()))
+            except CacheBudgetError:
+                # It outgrew what eviction can free: serve it unpublished.
+                return self._produce_private(namespace, produce, size_hint,
+                                             validate)
         self._counters.add(namespace, 'produced')
         return StoreEntry(path, admitted=True)
 
@@ -436,13 +466,15 @@ class NodeStore:
         self._counters.add(namespace, 'bypassed')
         reservation = self._reserve_waiting(size_hint)
         try:
-            temp = self._write_temp(produce, reservation, validate)
+            temp = self._write_temp(produce, reservation, validate,
+                                    wait=_PRIVATE_WAIT_SECONDS)
         except BaseException:
             reservation.release()
             raise
         return StoreEntry(temp, admitted=False, reservation=reservation)
 
-    def _reserve_waiting(self, nbytes: int, timeout: float = 300) -> \
+    def _reserve_waiting(self, nbytes: int,
+                         timeout: float = _PRIVATE_WAIT_SECONDS) -> \
             'Reservation':
         """Reserve, first without evicting, then waiting for releases."""
         with contextlib.suppress(CacheBudgetError):
@@ -458,14 +490,14 @@ class NodeStore:
             time.sleep(delay)
             delay = min(delay * 2, 1.0)
 
-    def _write_temp(self, produce, reservation: Reservation,
-                    validate) -> str:
+    def _write_temp(self, produce, reservation: Reservation, validate,
+                    wait: float = 0) -> str:
         temp = os.path.join(
             self.cache_dir, 'tmp',
             owner_file_name(current_owner(), uuid.uuid4().hex) + '.tmp')
         try:
             with open(temp, 'wb') as file:
-                writer = _ReservedWriter(file, reservation)
+                writer = _ReservedWriter(file, reservation, wait)
                 produce(writer)
             size = os.path.getsize(temp)
             if size != writer.written:

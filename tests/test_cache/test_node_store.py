@@ -271,6 +271,26 @@ def test_bypass_private_file_counts_until_released(tmp_path):
     assert store.usage().inflight_bytes == 0
 
 
+def test_a_write_outgrowing_a_full_budget_waits_for_room(tmp_path):
+    # A download of unknown size reserves nothing and grows while it
+    # streams. With the budget held by what no policy may evict, the growth
+    # used to raise CacheBudgetError out of the read; now the bytes are
+    # served from a private file that waits until room is released.
+    store = NodeStore(str(tmp_path / 'c'), 3000,
+                      eviction_policy=lambda nbytes: iter(()))
+    held = store.reserve(2500)
+    threading.Timer(0.3, held.release).start()
+    data = _payload('late', 1000)
+    with store.get_or_produce('remote', 'late',
+                              lambda f: f.write(data), 0) as entry:
+        assert not entry.admitted
+        with open(entry.path, 'rb') as file:
+            assert file.read() == data
+        assert store.usage().inflight_bytes >= 1000
+    assert store.usage().inflight_bytes == 0
+    assert store.counters('remote')['bypassed'] == 1
+
+
 def test_threads_share_one_store(tmp_path):
     store = NodeStore(str(tmp_path / 'store'), '1MB')
     produced = []
