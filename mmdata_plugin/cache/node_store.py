@@ -79,7 +79,7 @@ import re
 import time
 import uuid
 from typing import (BinaryIO, Callable, Dict, Iterable, Iterator, List,
-                    NamedTuple, Optional, Tuple, Union)
+                    NamedTuple, Optional, Sequence, Tuple, Union)
 
 from .process_owner import (current_owner, owner_file_name,
                             owner_from_file_name, owner_is_alive)
@@ -656,15 +656,24 @@ class NodeStore:
 
     def evict(self, namespace: str, key: str) -> int:
         """Remove the entry of ``key``; returns the bytes freed (0 if none)."""
-        digest = self._digest(namespace, key)
+        return self.evict_many(namespace, [key])[0]
+
+    def evict_many(self, namespace: str, keys: Sequence[str]) -> List[int]:
+        """Remove the entries of ``keys`` in one ledger transaction; the
+        bytes each freed (0 for a key with no entry)."""
+        freed = []
         with self._ledger.transaction():
-            row = self._ledger.entry(digest)
-            if row is not None:
-                return self._evict_row(row)
-            # a file the ledger does not account for (yet): not counted
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self._entry_path(namespace, digest))
-            return 0
+            for key in keys:
+                digest = self._digest(namespace, key)
+                row = self._ledger.entry(digest)
+                if row is not None:
+                    freed.append(self._evict_row(row))
+                    continue
+                # a file the ledger does not account for (yet): not counted
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self._entry_path(namespace, digest))
+                freed.append(0)
+        return freed
 
     def least_recently_used(self, nbytes: int) -> Iterator[Tuple[str, str]]:
         """Default eviction policy: entries by last access, oldest first."""

@@ -322,9 +322,9 @@ class NodePrefetcher:
         # Outside self._lock: the store's ledger lock is taken before ours
         # when a download's reservation asks `victims`. Only this thread
         # books, so a file leaving now is on no book.
-        for url in urls:
-            if self.store.evict(NAMESPACE, url):
-                self.stats['evicted_by_plan'] += 1
+        if urls:
+            freed = self.store.evict_many(NAMESPACE, urls)
+            self.stats['evicted_by_plan'] += sum(map(bool, freed))
         with self._lock:
             self._leaving.difference_update(urls)
 
