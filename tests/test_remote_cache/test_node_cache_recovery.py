@@ -17,15 +17,15 @@ import os.path as osp
 import signal
 import subprocess
 import sys
-import threading
 import time
 from urllib.parse import unquote
 
 import mmcv
 import pytest
+from cache_usage import UsageSampler
 from helpers import REPO_ROOT, TRAIN_SCRIPT
 
-from mmdata_plugin.cache.node_store import MARKER, NodeStore
+from mmdata_plugin.cache.node_store import NodeStore
 from mmdata_plugin.cache.process_owner import owner_from_file_name
 from mmdata_plugin.cache.store_ledger import StoreLedger
 from mmdata_plugin.remote_cache.node_cache_backend import (NodeCacheBackend,
@@ -240,34 +240,6 @@ def check_store(cache_dir, limit, demo, srv):
     assert usage.inflight_bytes == 0
     assert usage.committed_bytes == committed
     assert os.listdir(osp.join(cache_dir, 'tmp')) == []
-
-
-class UsageSampler(threading.Thread):
-    """Peak of the store's committed + in-flight bytes during a run."""
-
-    def __init__(self, cache_dir, limit):
-        super().__init__(daemon=True)
-        self.cache_dir, self.limit, self.peak = cache_dir, limit, 0
-        self.done = threading.Event()
-
-    def run(self):
-        store = None
-        while not self.done.wait(0.01):
-            if store is None:
-                if not osp.exists(osp.join(self.cache_dir, MARKER)):
-                    continue
-                store = NodeStore(self.cache_dir, self.limit)
-            usage = store.usage()
-            self.peak = max(self.peak,
-                            usage.committed_bytes + usage.inflight_bytes)
-
-    def __enter__(self):
-        self.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.done.set()
-        self.join()
 
 
 def prefetcher_pid(cache_dir, parent):

@@ -1,50 +1,16 @@
 """tools/train.py with the node cache: 2 ranks x 2 workers over HTTP."""
 import json
 import os
-import threading
 
 import pytest
+from cache_usage import UsageSampler, disk_bytes
 from helpers import REPO_ROOT, TRAIN_SCRIPT, quick_cfg_options
 
-from mmdata_plugin.cache.node_store import MARKER, NodeStore
+from mmdata_plugin.cache.node_store import NodeStore
 from mmdata_plugin.testing import LoopbackHTTPServer, run_torchrun
 from mmdata_plugin.utils import make_demo_dataset
 
 CONFIG = f'{REPO_ROOT}/configs/demo/tinycnn_demo-jpeg-http-nodecache.py'
-
-
-def disk_bytes(cache_dir):
-    """Bytes of entries and temp files in the cache directory now."""
-    total = 0
-    for sub in ('entries', 'tmp'):
-        for directory, _, names in os.walk(os.path.join(cache_dir, sub)):
-            for name in names:
-                try:
-                    total += os.path.getsize(os.path.join(directory, name))
-                except FileNotFoundError:
-                    pass
-    return total
-
-
-class UsageSampler(threading.Thread):
-    """Peak of the store's committed + in-flight bytes while a run goes on
-    (the ledger's one snapshot; a directory walk is not atomic)."""
-
-    def __init__(self, cache_dir, limit):
-        super().__init__(daemon=True)
-        self.cache_dir, self.limit, self.peak = cache_dir, limit, 0
-        self.done = threading.Event()
-
-    def run(self):
-        store = None
-        while not self.done.wait(0.01):
-            if store is None:
-                if not os.path.exists(os.path.join(self.cache_dir, MARKER)):
-                    continue
-                store = NodeStore(self.cache_dir, self.limit)
-            usage = store.usage()
-            self.peak = max(self.peak,
-                            usage.committed_bytes + usage.inflight_bytes)
 
 
 @pytest.fixture(scope='module')
@@ -71,22 +37,20 @@ def test_two_ranks_two_workers_hold_the_budget(bigger_demo, train_env,
             MMDATA_INDEX_DIR=str(tmp_path / 'index'),
             MMDATA_NODE_CACHE=cache_dir,
             MMDATA_NODE_CACHE_LIMIT=str(limit))
-        sampler.start()
         # 2 ranks x batch 4 x 50 iterations = two passes over the 200.
-        out = run_torchrun(
-            TRAIN_SCRIPT, [
-                CONFIG, '--work-dir',
-                str(tmp_path / 'work'), '--launcher', 'pytorch'
-            ] + quick_cfg_options(
-                max_iters=50,
-                interval=50,
-                **{
-                    'train_dataloader.num_workers': 2,
-                    'train_dataloader.prefetch_factor': 1,
-                }),
-            env=env).stdout
-        sampler.done.set()
-        sampler.join()
+        with sampler:
+            out = run_torchrun(
+                TRAIN_SCRIPT, [
+                    CONFIG, '--work-dir',
+                    str(tmp_path / 'work'), '--launcher', 'pytorch'
+                ] + quick_cfg_options(
+                    max_iters=50,
+                    interval=50,
+                    **{
+                        'train_dataloader.num_workers': 2,
+                        'train_dataloader.prefetch_factor': 1,
+                    }),
+                env=env).stdout
         stats = srv.stats()
     assert 'Iter(train) [50/50]' in out
     assert 'node prefetcher started for ranks 0..1' in out
