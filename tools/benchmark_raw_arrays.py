@@ -1,5 +1,8 @@
 # Raw arrays delivered to the training process: LoadNumpyFromFile against
-# np.load / pickle in DataLoader workers, MB/s of sample bytes.
+# np.load / pickle in DataLoader workers, MB/s of sample bytes. The row
+# "LoadNumpyFromFile, node cache" reads remote paths whose copies the node
+# cache holds (the remote, a closed port on 127.0.0.1, is never asked: a
+# miss would fail the run), through the node_cache fileio backend.
 import argparse
 import os
 import os.path as osp
@@ -16,11 +19,16 @@ from mmengine.dataset import pseudo_collate
 from torch.utils.data import DataLoader
 
 import mmdata_plugin  # noqa: F401  (registers the package's components)
+from mmdata_plugin.cache.node_store import NodeStore
 from mmdata_plugin.datasets import ImageListDataset
+from mmdata_plugin.remote_cache.node_cache_backend import NAMESPACE
 from mmdata_plugin.transforms import LoadNumpyFromFile
 
 GOAL_MB_S = 600.0
 PAGE = 4096
+# Where the cached copies claim to come from: nothing listens there.
+REMOTE = 'http://127.0.0.1:9/raw'
+NODE_CACHE = 'LoadNumpyFromFile, node cache'
 
 
 def parse_args():
@@ -101,6 +109,41 @@ def write_arrays(folder: str, count: int, shape, dtype) -> str:
     return ann
 
 
+def fill_node_cache(folder: str, ann: str) -> dict:
+    """Publish every array into a node cache under its remote URL; the
+    ``backend_args`` that read them from there."""
+    cache_dir = osp.join(folder, 'node_cache')
+    args = dict(backend='node_cache', cache_dir=cache_dir,
+                cache_limit=2**40, remote=dict(backend='remote_http'))
+    store = NodeStore(cache_dir, args['cache_limit'])
+    with open(ann) as f:
+        for line in f:
+            name = line.split()[0]
+            with open(osp.join(folder, name), 'rb') as array:
+                store.publish_bytes(NAMESPACE, f'{REMOTE}/{name}',
+                                    array.read())
+    return args
+
+
+def build_datasets(folder: str, ann: str) -> Dict[str, ImageListDataset]:
+    datasets = {
+        name: ImageListDataset(
+            ann_file=ann,
+            data_prefix=dict(img_path=folder),
+            pipeline=[make(), pack],
+            serialize_data=True)
+        for name, make in LOADERS.items()
+    }
+    datasets[NODE_CACHE] = ImageListDataset(
+        ann_file=ann,
+        data_prefix=dict(img_path=REMOTE),
+        pipeline=[
+            LoadNumpyFromFile(backend_args=fill_node_cache(folder, ann)), pack
+        ],
+        serialize_data=True)
+    return datasets
+
+
 def as_bytes(sample) -> torch.Tensor:
     tensor = sample if isinstance(sample, torch.Tensor) else \
         torch.from_numpy(np.ascontiguousarray(sample))
@@ -141,7 +184,7 @@ def one_pass(dataset, batch_size: int, workers: int) -> tuple:
     return seconds, cpu_seconds() - cpu, delivered
 
 
-def check_first_batch(datasets: Dict[str, ImageListDataset],
+def check_first_batch(datasets: Dict[str, ImageListDataset], folder: str,
                       workers: int) -> None:
     """Every loader delivers the bytes of the source files."""
     for name, dataset in datasets.items():
@@ -149,7 +192,9 @@ def check_first_batch(datasets: Dict[str, ImageListDataset],
                             collate_fn=pseudo_collate)
         batch = next(iter(loader))
         for i, sample in enumerate(batch['inputs']):
-            expected = np.load(dataset.get_data_info(i)['img_path'])
+            expected = np.load(
+                osp.join(folder,
+                         osp.basename(dataset.get_data_info(i)['img_path'])))
             # Bytes, not values: random float bytes hold NaNs.
             if not torch.equal(as_bytes(sample), as_bytes(expected)):
                 raise AssertionError(f'{name} delivered wrong bytes for '
@@ -168,15 +213,8 @@ def main():
         os.makedirs(folder, exist_ok=True)
     try:
         ann = write_arrays(folder, args.samples, shape, args.dtype)
-        datasets = {
-            name: ImageListDataset(
-                ann_file=ann,
-                data_prefix=dict(img_path=folder),
-                pipeline=[make(), pack],
-                serialize_data=True)
-            for name, make in LOADERS.items()
-        }
-        check_first_batch(datasets, args.workers)
+        datasets = build_datasets(folder, ann)
+        check_first_batch(datasets, folder, args.workers)
         report(datasets, args, shape)
     finally:
         if tmp is not None:
@@ -210,18 +248,20 @@ def report(datasets: Dict[str, ImageListDataset], args, shape) -> None:
           'on the machine.')
     base = statistics.median(rates['np.load'])
     cpu_base = statistics.median(cpu_rates['np.load'])
-    print(f'{"loader":<22}{"median MB/s":>12}{"min":>9}{"max":>9}'
+    print(f'{"loader":<31}{"median MB/s":>12}{"min":>9}{"max":>9}'
           f'{"vs np.load":>12}{"MB/CPU-s":>10}{"vs np.load":>12}')
     for name, values in rates.items():
         median = statistics.median(values)
         per_cpu = statistics.median(cpu_rates[name])
-        print(f'{name:<22}{median:>12.1f}{min(values):>9.1f}'
+        print(f'{name:<31}{median:>12.1f}{min(values):>9.1f}'
               f'{max(values):>9.1f}{median / base:>11.2f}x'
               f'{per_cpu:>10.0f}{per_cpu / cpu_base:>11.2f}x')
     ours = statistics.median(rates['LoadNumpyFromFile'])
-    verdict = 'met' if ours >= GOAL_MB_S else 'NOT met'
+    cached = statistics.median(rates[NODE_CACHE])
+    verdict = 'met' if min(ours, cached) >= GOAL_MB_S else 'NOT met'
     print(f'goal: >= {GOAL_MB_S:.0f} MB/s with {args.workers} workers -> '
-          f'{ours:.0f} MB/s, {verdict}; at '
+          f'{ours:.0f} MB/s from local files, {cached:.0f} MB/s from the '
+          f'node cache, {verdict}; at '
           f'{statistics.median(cpu_rates["LoadNumpyFromFile"]):.0f} MB per '
           f'CPU-second, {os.cpu_count()} idle CPUs would bound it at '
           f'{statistics.median(cpu_rates["LoadNumpyFromFile"]) * os.cpu_count():.0f}'
