@@ -193,13 +193,17 @@ class RemoteCachePrefetchHook(Hook):
         _, world_size = get_dist_info()
         per_batch = loader.batch_size * world_size
         limit = parse_size(self._args['cache_limit'], 'cache_limit')
-        if stream.epoch_ticks is None:
+        if stream.endless:
             stop = stream.tick_of(0, loop.max_iters * per_batch)
             pass_ticks = math.ceil(len(loader.dataset) * stream.local_ranks /
                                    world_size)
         else:
-            stop = loop.max_epochs * stream.epoch_ticks
-            pass_ticks = stream.epoch_ticks
+            stop = stream.epoch_start(loop.max_epochs)
+            # Epochs may differ in length (a growing window): the
+            # look-ahead covers the longest.
+            pass_ticks = max(
+                stream.epoch_ticks_of(epoch)
+                for epoch in range(loop.max_epochs))
         # Batches each rank's workers may have read beyond the loop's
         # position: those in flight, the one being collated, and one for a
         # rank that runs an iteration ahead of the slowest.
@@ -241,7 +245,7 @@ class RemoteCachePrefetchHook(Hook):
             # The loops position (and reseed) the sampler before the first
             # batch: only now is the order final.
             stream = self._stream()
-            self._infinite = stream.epoch_ticks is None
+            self._infinite = stream.endless
             if node_ranks()[0] == 0:
                 self._start_prefetcher(runner, stream)
         epoch, consumed = self._consumed(runner, batch_idx)
