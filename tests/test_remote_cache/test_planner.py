@@ -320,3 +320,28 @@ def test_planner_resumed_with_adopted_samples_plans_no_extra_download():
     rest = list(iter(resumed.decide, None))
     downloads = sum(not d.hit for d in rest)
     assert downloads <= sum(not d.hit for d in decisions[cut:])
+
+
+@pytest.mark.parametrize('drop_last', [False, True])
+@pytest.mark.parametrize('max_iters', [1, 3, 4, 9, 17])
+def test_iteration_loop_stop_spans_epochs_of_different_lengths(
+        drop_last, max_iters):
+    # An iteration-based loop restarts the DataLoader at each epoch end:
+    # the plan stops after max_iters batches, whatever epoch that is in.
+    from mmdata_plugin.engine.hooks.remote_cache_prefetch_hook import \
+        iteration_stop
+    (sampler, ) = _samplers(GrowingWindowSampler, 23, 1, initial=5,
+                            growth=4, capacity=13)
+    stream = NodeStream(sample_order_of(BatchSampler(sampler, 3, False), 1),
+                        1, 0, 1)
+    # The batches the loop takes, epoch after epoch.
+    left, epoch = max_iters, 0
+    while True:
+        sampler.set_epoch(epoch)
+        batches = list(BatchSampler(sampler, 3, drop_last))
+        if left <= len(batches):
+            break
+        left, epoch = left - len(batches), epoch + 1
+    expected = stream.epoch_start(epoch) + sum(map(len, batches[:left]))
+    assert iteration_stop(stream, max_iters, 3, drop_last) == (expected,
+                                                               epoch + 1)
