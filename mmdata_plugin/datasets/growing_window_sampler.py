@@ -102,6 +102,8 @@ class GrowingWindowSampler(RankShardedSampler):
     #: stock checkpoint (``meta.iter`` only) cannot be placed by
     #: ``divmod(iter, len(dataloader))``: None makes it replay indices.
     infinite = None
+    #: Epoch lengths follow the window (:meth:`epoch_total_size`).
+    equal_epochs = False
     #: Fast-resume protocol: with the seed and the dataset size, what
     #: defines the stream (``cache_limit`` counts through ``capacity``).
     stream_defining_attrs = ('shuffle', 'round_up', 'rounds', 'initial',
@@ -144,6 +146,12 @@ class GrowingWindowSampler(RankShardedSampler):
         """Choose the epoch the next iteration yields (and ``len``)."""
         self.epoch = epoch
         self._size_epoch(self.window.window_size(epoch))
+
+    def epoch_total_size(self, epoch: int) -> int:
+        """Global positions of ``epoch`` (its window, padded for the ranks):
+        what ``total_size`` is once ``set_epoch(epoch)``, for any epoch
+        (cache planners ask it for the epochs ahead)."""
+        return self._padded_sizes(self.window.window_size(epoch))[1]
 
     def window_ids(self, epoch: int) -> np.ndarray:
         """Every sample id of ``epoch``'s window, oldest arrival first."""

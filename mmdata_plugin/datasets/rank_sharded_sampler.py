@@ -200,6 +200,9 @@ class RankShardedSampler(_RankStream):
     #: Fast-resume protocol: each (mini-)epoch ends; the position of a
     #: stock checkpoint is ``divmod(iteration, len(dataloader))``.
     infinite = False
+    #: Every epoch has ``total_size`` positions (see
+    #: :meth:`epoch_total_size`).
+    equal_epochs = True
     #: Fast-resume protocol: with the seed and the dataset size, what
     #: defines the stream; a resume with other values is refused.
     stream_defining_attrs = ('shuffle', 'mini_epochs', 'round_up', 'rounds')
@@ -218,18 +221,28 @@ class RankShardedSampler(_RankStream):
             math.ceil(self.size / mini_epochs) if round_up else self.size //
             mini_epochs)
 
-    def _size_epoch(self, length: int) -> None:
-        """Per-rank and padded counts of an epoch of ``length`` positions."""
+    def _padded_sizes(self, length: int) -> tuple:
+        """``(per-rank count, padded global total)`` of an epoch of
+        ``length`` positions: the one definition of the rank padding."""
         if self.round_up:
             per_rank = math.ceil(length / self.world_size)
         else:
             per_rank = length // self.world_size
-        self.num_samples = per_rank
-        self.total_size = per_rank * self.world_size
+        return per_rank, per_rank * self.world_size
+
+    def _size_epoch(self, length: int) -> None:
+        """Per-rank and padded counts of an epoch of ``length`` positions."""
+        self.num_samples, self.total_size = self._padded_sizes(length)
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the (mini-)epoch the next iteration yields."""
         self.epoch = epoch
+
+    def epoch_total_size(self, epoch: int) -> int:
+        """Global positions of (mini-)epoch ``epoch``, padding included
+        (``total_size`` once ``set_epoch(epoch)``; the same for every
+        epoch here). Cache planners ask it for epochs ahead."""
+        return self.total_size
 
     def __len__(self) -> int:
         """Samples per rank in a full (mini-)epoch."""

@@ -80,28 +80,41 @@ class BeladyCache:
         hit = self.until.get(sample) == tick
         if sample in self.until:
             self._discard(sample)
-        dropped: List[int] = []
-        if next_use == NEVER or size > self.capacity:
-            return Decision(tick, sample, hit, None, dropped)
+        if next_use == NEVER:
+            return Decision(tick, sample, hit, None, [])
+        dropped = self.admit(sample, next_use, size)
+        if dropped is None:
+            return Decision(tick, sample, hit, None, [])
+        return Decision(tick, sample, hit, next_use, dropped)
+
+    def admit(self, sample: int, until: int,
+              size: int) -> Optional[List[int]]:
+        """Keep ``sample`` (not kept now) until tick ``until`` if that fits
+        once samples kept for *later* reads are dropped; the dropped
+        samples, or None when it does not fit (bypass: nothing dropped).
+        """
+        if size > self.capacity:
+            return None
         victims = []
         freed = 0
         while self.used - freed + size > self.capacity:
             top = self._furthest()
-            if top is None or top[0] <= next_use:
+            if top is None or top[0] <= until:
                 break
             heapq.heappop(self._heap)
             victims.append(top)
             freed += self.sizes[top[1]]
         if self.used - freed + size > self.capacity:
             # Not enough is needed later than this sample: keep them all.
-            for until, victim in victims:
-                heapq.heappush(self._heap, (-until, victim))
-            return Decision(tick, sample, hit, None, dropped)
+            for later, victim in victims:
+                heapq.heappush(self._heap, (-later, victim))
+            return None
+        dropped = []
         for _, victim in victims:
             self._discard(victim)
             dropped.append(victim)
-        self.keep(sample, next_use, size)
-        return Decision(tick, sample, hit, next_use, dropped)
+        self.keep(sample, until, size)
+        return dropped
 
 
 def next_uses(ids: np.ndarray, known: Optional[int] = None) -> np.ndarray:

@@ -5,17 +5,25 @@ Ranks take interleaved global positions (rank ``r`` of ``W`` reads
 ranks ``r0 .. r0 + L - 1``. The node's *ticks* number its positions in
 reading order across epochs::
 
-    tick K = epoch * E + k,   position(k) = (k // L) * W + r0 + k % L
+    tick K = S_e + k,   position(k) = (k // L) * W + r0 + k % L
 
-with ``E`` the node's positions per epoch (``k < E``). Everything the node
-reads at tick ``K`` is ``order.ids(epoch, position(k))``: the sampler's own
-order math (:mod:`.sample_order`), nothing recomputed here.
+with ``S_e`` the node's ticks in the epochs before ``e`` and ``k < E_e``
+(``E_e``: the node's positions in epoch ``e``, from the epoch's global
+length ``order.epoch_length(e)``; all equal for most samplers, growing for
+a growing window). Everything the node reads at tick ``K`` is
+``order.ids(epoch, position(k))``: the sampler's own order math
+(:mod:`.sample_order`), nothing recomputed here.
 """
-from typing import Optional
+import bisect
+from typing import List, Optional, Tuple
 
 import numpy as np
 
 from .sample_order import SampleOrder
+
+#: Epochs in a row in which a node reads nothing, before a tick past them
+#: is taken for one that never comes.
+_MOST_EMPTY_EPOCHS = 1 << 16
 
 
 class NodeStream:
@@ -27,6 +35,12 @@ class NodeStream:
         first_rank (int): Lowest global rank on this node.
         local_ranks (int): Ranks on this node (consecutive from
             ``first_rank``, as torchrun and slurm assign them).
+
+    Attributes:
+        endless (bool): One endless stream (epoch 0).
+        epoch_ticks (int | None): The node's ticks per epoch when every
+            epoch has as many; None for an endless stream or epochs of
+            different lengths (:meth:`epoch_ticks_of`).
     """
 
     def __init__(self, order: SampleOrder, world_size: int, first_rank: int,
@@ -39,11 +53,59 @@ class NodeStream:
         self.world_size = world_size
         self.first_rank = first_rank
         self.local_ranks = local_ranks
+        self.endless = bool(order.endless)
         self.epoch_ticks: Optional[int] = None
-        if order.epoch_size is not None:
-            self.epoch_ticks = sum(
-                max(0, -(-(order.epoch_size - rank) // world_size))
-                for rank in range(first_rank, first_rank + local_ranks))
+        if not self.endless and order.epoch_size is not None:
+            self.epoch_ticks = self._node_ticks(order.epoch_size)
+        # _starts[e]: the node's first tick of epoch e (extended lazily).
+        self._starts: List[int] = [0]
+
+    def _node_ticks(self, length: int) -> int:
+        """The node's positions among ``length`` global ones."""
+        return sum(
+            max(0, -(-(length - rank) // self.world_size))
+            for rank in range(self.first_rank,
+                              self.first_rank + self.local_ranks))
+
+    def epoch_ticks_of(self, epoch: int) -> int:
+        """The node's ticks in ``epoch``."""
+        if self.endless:
+            raise ValueError('an endless stream has no epochs')
+        if self.epoch_ticks is not None:
+            return self.epoch_ticks
+        return self._node_ticks(self.order.epoch_length(epoch))
+
+    def epoch_start(self, epoch: int) -> int:
+        """The node's first tick of ``epoch`` (ticks of the epochs before)."""
+        if self.endless:
+            return 0
+        if self.epoch_ticks is not None:
+            return epoch * self.epoch_ticks
+        while len(self._starts) <= epoch:
+            self._starts.append(self._starts[-1] +
+                                self.epoch_ticks_of(len(self._starts) - 1))
+        return self._starts[epoch]
+
+    def epoch_of(self, tick: int) -> Tuple[int, int]:
+        """``(epoch, tick within it)`` of the node's ``tick``."""
+        if self.endless:
+            return 0, tick
+        if self.epoch_ticks is not None:
+            if self.epoch_ticks == 0:
+                raise ValueError('this node reads no sample in an epoch')
+            return divmod(tick, self.epoch_ticks)
+        empty = 0
+        while self._starts[-1] <= tick:
+            before = self._starts[-1]
+            self.epoch_start(len(self._starts))
+            empty = empty + 1 if self._starts[-1] == before else 0
+            if empty > _MOST_EMPTY_EPOCHS:
+                raise ValueError(
+                    f'this node reads no sample in {empty} epochs in a row '
+                    f'from epoch {len(self._starts) - empty - 1} on')
+        # The last epoch starting at or before the tick (skips empty ones).
+        epoch = bisect.bisect_right(self._starts, tick) - 1
+        return epoch, tick - self._starts[epoch]
 
     def positions(self, ticks: np.ndarray) -> np.ndarray:
         """Global positions within their epoch of epoch-relative ticks."""
@@ -53,28 +115,26 @@ class NodeStream:
 
     def ids(self, start: int, stop: int) -> np.ndarray:
         """Sample ids read at ticks ``start .. stop - 1``."""
-        if self.epoch_ticks is None:
+        if self.endless:
             return self.order.ids(0, self.positions(np.arange(start, stop)))
-        if self.epoch_ticks == 0:
-            raise ValueError('this node reads no sample in an epoch')
         parts = []
         tick = start
         while tick < stop:
-            epoch, k = divmod(tick, self.epoch_ticks)
-            end = min(stop - epoch * self.epoch_ticks, self.epoch_ticks)
+            epoch, k = self.epoch_of(tick)
+            base = tick - k
+            end = min(stop - base, self.epoch_ticks_of(epoch))
             parts.append(
                 self.order.ids(epoch, self.positions(np.arange(k, end))))
-            tick = epoch * self.epoch_ticks + end
+            tick = base + end
         return np.concatenate(parts) if parts else np.empty(0, np.int64)
 
     def tick_of(self, epoch: int, consumed: int) -> int:
         """The node's next tick once ``consumed`` global positions of
         ``epoch`` are read by every rank (``consumed`` as counted by the
         training loop: a multiple of ``batch_size * world_size``)."""
-        if self.epoch_ticks is None:
-            epoch, base = 0, 0
-        else:
-            if consumed >= self.order.epoch_size:
-                epoch, consumed = epoch + 1, 0
-            base = epoch * self.epoch_ticks
-        return base + (consumed // self.world_size) * self.local_ranks
+        if self.endless:
+            epoch = 0
+        elif consumed >= self.order.epoch_length(epoch):
+            epoch, consumed = epoch + 1, 0
+        return (self.epoch_start(epoch) +
+                (consumed // self.world_size) * self.local_ranks)

@@ -11,7 +11,10 @@ Each :meth:`NodePrefetcher.poll`:
    passed (what a reader did not report, e.g. a read served elsewhere);
 3. decides the ticks up to ``position + window`` (:class:`~.stream_planner.
    StreamPlanner`: hit or download, kept until which tick, dropped) and
-   starts their downloads, at most ``target_inflight`` at a time.
+   starts their downloads, at most ``target_inflight`` at a time;
+4. with a growing-window order, fills what is left of the in-flight target
+   with the samples entering the next epoch's window, each booked as kept
+   until its first read (:mod:`.window_ahead`).
 
 A sample's files stay on disk while the plan keeps it or a decided read of
 it is ahead. Files read ahead and not kept are *staged*: their bytes come
@@ -38,6 +41,7 @@ from .node_cache_backend import NAMESPACE, RemoteReader, write_victims
 from .node_stream import NodeStream
 from .read_once import ReadOnceMarks
 from .stream_planner import StreamPlanner
+from .window_ahead import EnteringSamples
 
 #: Samples downloaded before planning when no size is known yet.
 _SIZE_PROBES = 4
@@ -122,6 +126,11 @@ class NodePrefetcher:
         # digest -> (sample, url) of files marked to go at their read.
         self._marked: Dict[str, tuple] = {}
         self._sizes: Dict[int, int] = {}
+        # Growing windows: the next epoch's entering samples, and those
+        # booked ahead whose first read the plan has not decided yet.
+        self._entering = (EnteringSamples(stream)
+                          if EnteringSamples.applies(stream) else None)
+        self._booked_ahead = set()
         self._mean_size = float(reader.size_hint or 1 << 16)
         self._pool = ThreadPoolExecutor(max_inflight, 'node-prefetch')
         self._inflight = 0
@@ -137,7 +146,8 @@ class NodePrefetcher:
         self.stats = dict(planned=0, planned_hits=0, downloads=0,
                           refetched=0, not_admitted=0, failed=0,
                           evicted_by_plan=0, freed_at_read=0,
-                          read_before_planned=0, reserve_full=0)
+                          read_before_planned=0, reserve_full=0,
+                          entering_fetched=0, entering_dropped=0)
         self._warned = set()
 
     # -- sizes --------------------------------------------------------------
@@ -279,6 +289,14 @@ class NodePrefetcher:
                 self._unmark(url)
         return []
 
+    def _drop(self, victim: int) -> List[str]:
+        """The plan no longer keeps ``victim``: its files if they can go."""
+        if victim in self._booked_ahead:
+            # Downloaded for the next epoch, dropped before its read.
+            self.stats['entering_dropped'] += 1
+            self._booked_ahead.discard(victim)
+        return self._settle(victim)
+
     def _take_reads(self) -> List[str]:
         """Files read since the last round that the plan lets go now."""
         gone = []
@@ -409,7 +427,7 @@ class NodePrefetcher:
             self._measure(self.position)
             self._leaving.update(self._take_reads())
             self._leaving.update(self._release_consumed())
-            downloads = self._decide_ahead()
+            downloads = self._decide_ahead() + self._fetch_entering()
             leaving = list(self._leaving)
         self._evict(leaving)
         for download in downloads:
@@ -452,7 +470,8 @@ class NodePrefetcher:
         self._miss_share = max(0.05, 1 - hits)
         # A dropped sample stays only for a read of it still ahead.
         for victim in decision.dropped:
-            self._leaving.update(self._settle(victim))
+            self._leaving.update(self._drop(victim))
+        self._booked_ahead.discard(sample)
         read = sample not in self._urls and self._read_already(
             self.sample_urls(sample))
         urls = self._book(sample)
@@ -476,6 +495,52 @@ class NodePrefetcher:
         self._inflight += 1
         self._downloading.add(sample)
         return sample, urls, self.size_of(sample)
+
+    def _fetch_entering(self) -> tuple:
+        """Downloads of samples entering the next epoch's window, at low
+        priority: only while fewer than the target downloads run. Each is
+        booked as kept until its first read (like :meth:`StreamPlanner.
+        adopt` books files on disk), as far as the plan's capacity allows
+        once samples kept for later reads make room (Belady); the
+        downloads to start."""
+        entering = self._entering
+        if entering is None:
+            return []
+        planner, cache = self.planner, self.planner.cache
+        epoch, _ = self.stream.epoch_of(self.position)
+        entering.select(epoch + 1,
+                        cache.capacity // max(1, int(self._mean_size)))
+        target = self.target_inflight()
+        downloads = []
+        while self._inflight < target:
+            item = entering.peek()
+            if item is None:
+                break
+            if self.stop is not None and item[0] >= self.stop:
+                # Read after the end of training (queued by first read).
+                entering.clear()
+                break
+            tick, sample = item
+            if tick < planner.tick or sample in self._urls:
+                # The plan got there first.
+                entering.pop()
+                continue
+            dropped = cache.admit(sample, tick, self.size_of(sample))
+            if dropped is None:
+                break
+            entering.pop()
+            for victim in dropped:
+                self._leaving.update(self._drop(victim))
+            urls = self._book(sample)
+            self._leaving.difference_update(urls)
+            self._booked_ahead.add(sample)
+            self.stats['entering_fetched'] += 1
+            if sample in self._downloading or self._present(urls):
+                continue
+            self._inflight += 1
+            self._downloading.add(sample)
+            downloads.append((sample, urls, self.size_of(sample)))
+        return downloads
 
     def _download(self, sample: int, urls: List[str], size: int) -> None:
         start = time.perf_counter()
@@ -536,6 +601,8 @@ class NodePrefetcher:
                 reserve=self.reserve,
                 staged_bytes=self._staged_bytes,
                 mean_size=self._mean_size,
+                entering_pending=(self._entering.pending()
+                                  if self._entering else 0),
                 **self.stats)
 
     def write_victims(self, cache_dir: str, most: int = 4096) -> None:

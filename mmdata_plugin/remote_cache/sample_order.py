@@ -21,29 +21,60 @@ class SampleOrder(abc.ABC):
     """Sample ids of the global stream, by epoch and position.
 
     Attributes:
-        epoch_size (int | None): Global positions per epoch (padding
-            included); None for an endless stream, which is epoch 0.
+        epoch_size (int | None): Global positions of every epoch (padding
+            included) when they are all equal; None for an endless stream
+            (which is epoch 0) or epochs of different lengths (ask
+            :meth:`epoch_length`).
+        endless (bool): One endless stream (epoch 0), no epoch ends.
     """
 
     epoch_size: Optional[int] = None
+    endless: bool = False
 
     @abc.abstractmethod
     def ids(self, epoch: int, positions: np.ndarray) -> np.ndarray:
         """Sample ids at global ``positions`` of ``epoch`` (int64)."""
 
+    def epoch_length(self, epoch: int) -> Optional[int]:
+        """Global positions of ``epoch`` (padding included); None for an
+        endless stream."""
+        return None if self.endless else self.epoch_size
+
+    def entering(self, epoch: int) -> Optional[np.ndarray]:
+        """Sample ids first needed at ``epoch``'s start that the epoch
+        before did not read (a growing window's arrivals); None for orders
+        that read the same set every epoch."""
+        return None
+
 
 class RankShardedOrder(SampleOrder):
-    """Order of ``RankShardedSampler`` / ``RankShardedInfiniteSampler``."""
+    """Order of ``RankShardedSampler``, ``RankShardedInfiniteSampler`` and
+    ``GrowingWindowSampler`` (epochs of different lengths, asked of the
+    sampler's ``epoch_total_size``)."""
 
     def __init__(self, sampler) -> None:
         self.sampler = sampler
-        self.infinite = bool(sampler.infinite)
-        self.epoch_size = None if self.infinite else sampler.total_size
+        # GrowingWindowSampler says None (its epochs end, unequal).
+        self.endless = bool(sampler.infinite)
+        equal = getattr(sampler, 'equal_epochs', True)
+        self.epoch_size = (None if self.endless or not equal else
+                           sampler.total_size)
 
     def ids(self, epoch: int, positions: np.ndarray) -> np.ndarray:
-        if self.infinite:
+        if self.endless:
             return self.sampler.ids_at(positions)
         return self.sampler.ids_at(epoch, positions)
+
+    def epoch_length(self, epoch: int) -> Optional[int]:
+        if self.endless:
+            return None
+        if self.epoch_size is not None:
+            return self.epoch_size
+        return int(self.sampler.epoch_total_size(epoch))
+
+    def entering(self, epoch: int) -> Optional[np.ndarray]:
+        changes = getattr(self.sampler, 'window_changes', None)
+        return None if changes is None else changes(epoch).entering
 
 
 class DefaultSamplerOrder(SampleOrder):
@@ -71,6 +102,8 @@ class DefaultSamplerOrder(SampleOrder):
 
 class InfiniteSamplerOrder(SampleOrder):
     """Order of mmengine's ``InfiniteSampler``: consecutive passes."""
+
+    endless = True
 
     def __init__(self, sampler) -> None:
         self.sampler = sampler

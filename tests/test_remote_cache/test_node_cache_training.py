@@ -1,13 +1,16 @@
 """tools/train.py with the node cache: 2 ranks x 2 workers over HTTP."""
 import json
 import os
+import re
+import sys
 
 import pytest
 from cache_usage import UsageSampler, disk_bytes
 from helpers import REPO_ROOT, TRAIN_SCRIPT, quick_cfg_options
 
 from mmdata_plugin.cache.node_store import NodeStore
-from mmdata_plugin.testing import LoopbackHTTPServer, run_torchrun
+from mmdata_plugin.testing import (LoopbackHTTPServer, run_command,
+                                   run_torchrun)
 from mmdata_plugin.utils import make_demo_dataset
 
 CONFIG = f'{REPO_ROOT}/configs/demo/tinycnn_demo-jpeg-http-nodecache.py'
@@ -73,3 +76,65 @@ def test_two_ranks_two_workers_hold_the_budget(bigger_demo, train_env,
     repeats = sum(n - 2 for n in downloads.values() if n > 2)
     assert repeats <= 0.05 * sum(downloads.values())
     assert status['planned_hits'] > 0 and status['failed'] == 0
+
+
+GROWING_CONFIG = (f'{REPO_ROOT}/configs/demo/'
+                  'tinycnn_demo-jpeg-http-growingwindow.py')
+
+
+def test_growing_window_downloads_each_entering_image_once(
+        demo_root, train_env, tmp_path):
+    # Windows of 16, 24, 32, 32, 32 of the 64 demo images (48 arrive in 5
+    # epochs): 136 reads, 34 iterations of batch 4, one rank, workers.
+    data_bytes = sum(
+        os.path.getsize(os.path.join(directory, name))
+        for directory, _, names in os.walk(os.path.join(demo_root, 'train'))
+        for name in names)
+    cache_dir = str(tmp_path / 'cache')
+    options = {
+        'train_dataloader.sampler.initial': 16,
+        'train_dataloader.sampler.growth': 8,
+        'train_dataloader.sampler.capacity': 32,
+        'train_dataloader.batch_size': 4,
+        'train_dataloader.num_workers': 2,
+        'val_dataloader.batch_size': 8,
+        'train_cfg.max_epochs': 5,
+        'train_cfg.val_interval': 5,
+        'default_hooks.logger.interval': 1,
+    }
+    with LoopbackHTTPServer(demo_root, latency=0.01) as srv:
+        env = dict(
+            train_env,
+            MMDATA_REMOTE_ROOT=srv.base_url,
+            MMDATA_REMOTE_FILES_DIR=str(tmp_path / 'remote_files'),
+            MMDATA_INDEX_DIR=str(tmp_path / 'index'),
+            MMDATA_NODE_CACHE=cache_dir,
+            # A quarter is the prefetch reserve: the plan keeps 48 images'
+            # worth, the window and the next epoch's entering ones fit.
+            MMDATA_NODE_CACHE_LIMIT=str(data_bytes))
+        out = run_command([
+            sys.executable, TRAIN_SCRIPT, GROWING_CONFIG, '--work-dir',
+            str(tmp_path / 'work'), '--cfg-options'
+        ] + [f'{key}={value}' for key, value in options.items()],
+                          env=env).stdout
+        stats = srv.stats()
+    assert 'node prefetcher started for ranks 0..0' in out
+    # All 34 iterations (mmengine's max_iters, from epoch 0's length, says
+    # 20: docs/growing_window.md, Limits).
+    assert re.search(r'Iter\(train\) +\[34/', out), out[-3000:]
+    with open(os.path.join(cache_dir, 'planner', 'status.json')) as file:
+        status = json.load(file)
+    # The plan followed every read of the five epochs of different
+    # lengths, and fetched entering images of the next epoch ahead (the
+    # rest of the 4 x 8 the plan's window reached first: these epochs are
+    # short next to the DataLoaders' read-ahead).
+    assert status['planned_to'] == 16 + 24 + 32 + 32 + 32
+    assert 0 < status['entering_fetched'] <= 4 * 8
+    assert status['failed'] == status['entering_dropped'] == 0
+    downloads = {
+        path: n
+        for path, n in stats.downloads.items() if path.startswith('train/')
+    }
+    # Each image that entered the window was downloaded once.
+    assert len(downloads) == 48
+    assert set(downloads.values()) == {1}

@@ -7,7 +7,8 @@ import pytest
 from mmengine.dataset import DefaultSampler, InfiniteSampler
 from torch.utils.data import BatchSampler
 
-from mmdata_plugin.datasets import (RankShardedInfiniteSampler,
+from mmdata_plugin.datasets import (GrowingWindowSampler,
+                                    RankShardedInfiniteSampler,
                                     RankShardedSampler)
 from mmdata_plugin.remote_cache.belady import BeladyCache, next_uses
 from mmdata_plugin.remote_cache.cache_simulator import simulate
@@ -176,6 +177,69 @@ def test_node_stream_is_what_the_node_ranks_read(cls, kwargs, world_size,
         stream.ids(stream.epoch_ticks - 2, stream.epoch_ticks + 2).tolist()
 
 
+def _node_reads(samplers, first, local, epoch):
+    """What the node's ranks' samplers yield in ``epoch``, in tick order:
+    rank by rank, row by row of the global stream."""
+    per_rank = [
+        _rank_reads(samplers[rank], epoch, 1000)
+        for rank in range(first, first + local)
+    ]
+    return [
+        ids[row] for row in range(max(map(len, per_rank)))
+        for ids in per_rank if row < len(ids)
+    ]
+
+
+@pytest.mark.parametrize('kwargs', [
+    dict(initial=5, growth=4, capacity=13),
+    dict(initial=5, growth=4, capacity=13, round_up=False),
+    # Epoch 0 (2 samples) is empty for every rank of 3 without padding.
+    dict(initial=2, growth=5, capacity=40, round_up=False),
+])
+@pytest.mark.parametrize('world_size, node', [(1, (0, 1)), (2, (0, 2)),
+                                              (2, (1, 1)), (3, (0, 2)),
+                                              (3, (2, 1)), (3, (0, 3))])
+def test_growing_window_node_stream_is_what_the_node_ranks_read(
+        kwargs, world_size, node):
+    # Epochs of different lengths: windows grow, then slide (and the
+    # arrival order comes round) -- the node's ticks follow each epoch's
+    # length as the samplers pad it.
+    size, epochs = 23, 7
+    samplers = _samplers(GrowingWindowSampler, size, world_size, **kwargs)
+    first, local = node
+    order = sample_order_of(BatchSampler(samplers[first], 2, False),
+                            world_size)
+    stream = NodeStream(order, world_size, first, local)
+    assert stream.epoch_ticks is None and not stream.endless
+    expected = [_node_reads(samplers, first, local, e) for e in range(epochs)]
+    assert len({len(reads) for reads in expected}) > 1
+    for epoch, reads in enumerate(expected):
+        start = stream.epoch_start(epoch)
+        assert start == sum(map(len, expected[:epoch]))
+        assert stream.epoch_ticks_of(epoch) == len(reads)
+        assert stream.ids(start, start + len(reads)).tolist() == reads
+        # The loop's count of an epoch's positions, as the sampler pads.
+        samplers[first].set_epoch(epoch)
+        length = order.epoch_length(epoch)
+        assert length == samplers[first].total_size
+        assert stream.tick_of(epoch, 0) == start
+        assert stream.tick_of(epoch, length) == start + len(reads)
+        per_batch = 2 * world_size
+        if length > per_batch:
+            assert stream.tick_of(epoch, per_batch) == start + 2 * local
+    whole = sum(expected, [])
+    # Across epoch boundaries in one call, from anywhere.
+    assert stream.ids(0, len(whole)).tolist() == whole
+    assert stream.ids(3, len(whole) - 2).tolist() == whole[3:-2]
+    for tick in range(len(whole)):
+        epoch, k = stream.epoch_of(tick)
+        assert stream.epoch_start(epoch) + k == tick
+        assert k < stream.epoch_ticks_of(epoch)
+    # A fresh stream asked out of order gives the same answers.
+    again = NodeStream(order, world_size, first, local)
+    assert again.ids(len(whole) - 5, len(whole)).tolist() == whole[-5:]
+
+
 @pytest.mark.parametrize('cls', [RankShardedInfiniteSampler, InfiniteSampler])
 @pytest.mark.parametrize('world_size, node', [(1, (0, 1)), (4, (2, 2))])
 def test_infinite_node_stream_is_what_the_node_ranks_read(
@@ -256,3 +320,28 @@ def test_planner_resumed_with_adopted_samples_plans_no_extra_download():
     rest = list(iter(resumed.decide, None))
     downloads = sum(not d.hit for d in rest)
     assert downloads <= sum(not d.hit for d in decisions[cut:])
+
+
+@pytest.mark.parametrize('drop_last', [False, True])
+@pytest.mark.parametrize('max_iters', [1, 3, 4, 9, 17])
+def test_iteration_loop_stop_spans_epochs_of_different_lengths(
+        drop_last, max_iters):
+    # An iteration-based loop restarts the DataLoader at each epoch end:
+    # the plan stops after max_iters batches, whatever epoch that is in.
+    from mmdata_plugin.engine.hooks.remote_cache_prefetch_hook import \
+        iteration_stop
+    (sampler, ) = _samplers(GrowingWindowSampler, 23, 1, initial=5,
+                            growth=4, capacity=13)
+    stream = NodeStream(sample_order_of(BatchSampler(sampler, 3, False), 1),
+                        1, 0, 1)
+    # The batches the loop takes, epoch after epoch.
+    left, epoch = max_iters, 0
+    while True:
+        sampler.set_epoch(epoch)
+        batches = list(BatchSampler(sampler, 3, drop_last))
+        if left <= len(batches):
+            break
+        left, epoch = left - len(batches), epoch + 1
+    expected = stream.epoch_start(epoch) + sum(map(len, batches[:left]))
+    assert iteration_stop(stream, max_iters, 3, drop_last) == (expected,
+                                                               epoch + 1)

@@ -8,7 +8,7 @@ import pytest
 from torch.utils.data import BatchSampler
 
 from mmdata_plugin.cache.node_store import NodeStore
-from mmdata_plugin.datasets import RankShardedSampler
+from mmdata_plugin.datasets import GrowingWindowSampler, RankShardedSampler
 from mmdata_plugin.remote_cache.cache_simulator import simulate
 from mmdata_plugin.remote_cache.consumption_cursors import (CursorReader,
                                                             CursorWriter)
@@ -230,3 +230,119 @@ def test_a_world_size_change_on_one_node_keeps_the_node_stream(tmp_path):
     assert two.ids(0, 500).tolist() == one.ids(0, 500).tolist()
     # 12 global samples consumed = tick 12 for both.
     assert two.tick_of(0, 12) == one.tick_of(0, 12) == 12
+
+
+def _settle(prefetcher, done, seconds=20):
+    """Poll until ``done()`` and no download is in flight."""
+    deadline = time.monotonic() + seconds
+    prefetcher.poll()
+    while prefetcher.status()['inflight'] or not done():
+        assert time.monotonic() < deadline, prefetcher.status()
+        time.sleep(0.001)
+        prefetcher.poll()
+
+
+@pytest.mark.parametrize('count', [200, 120])
+def test_growing_window_later_epochs_read_only_local_files(tmp_path, count):
+    # Windows of 40, 60, 80, 80, 80, 80 samples; the budget holds the
+    # window and the next epoch's 20 entering samples besides the reserve.
+    # Of 120 samples, epoch 5 reads arrivals 0..19 again (they left at
+    # epoch 3): the plan may keep them meanwhile instead.
+    epochs, batch = 6, 4
+    with mock.patch(
+            'mmdata_plugin.datasets.rank_sharded_sampler.get_dist_info',
+            return_value=(0, 1)):
+        sampler = GrowingWindowSampler(
+            list(range(count)), initial=40, growth=20,
+            cache_limit=100 * SIZE, sample_bytes=SIZE, seed=3)
+    assert sampler.capacity == 80
+    stream = NodeStream(
+        sample_order_of(BatchSampler(sampler, batch, False), 1), 1, 0, 1)
+    urls = make_source(str(tmp_path / 'remote'), count)
+    cache_dir = str(tmp_path / 'cache')
+    reserve = 8 * SIZE
+    limit = 100 * SIZE + reserve
+    store = NodeStore(cache_dir, limit)
+    writer = CursorWriter(cache_dir, 0, 1)
+    prefetcher = NodePrefetcher(
+        RemoteReader(store, size_hint=SIZE), stream, urls,
+        CursorReader(cache_dir, [0], 1), reserve=reserve, readahead=batch,
+        max_inflight=4, stop=stream.epoch_start(epochs),
+        horizon=2 * stream.epoch_ticks_of(epochs - 1), min_lead=4)
+    store.eviction_policy = prefetcher.victims
+    # The test's loop has no real pace: the plan's window stays at its
+    # floor (8 ticks), far shorter than an epoch, as when training is slow
+    # next to the downloads.
+    prefetcher._measure = lambda position: None
+    backend = NodeCacheBackend(cache_dir, limit)
+
+    def on_disk(samples):
+        return [s for s in samples if prefetcher._present(urls(s))]
+
+    def misses():
+        return store.counters(READS).get('misses', 0)
+
+    peak = left = 0
+    for epoch in range(epochs):
+        start, end = stream.epoch_start(epoch), stream.epoch_start(epoch + 1)
+        before = misses()
+        for tick in range(start, end, batch):
+            writer.publish(epoch, tick - start)
+            if epoch == 0:
+                # Epoch 0 downloads its window: the readers wait for it.
+                _settle(prefetcher,
+                        lambda: prefetcher.planner.tick >= tick + batch)
+            else:
+                prefetcher.poll()
+            for sample in stream.ids(tick, tick + batch).tolist():
+                (url, ) = urls(sample)
+                with open(url, 'rb') as file:
+                    assert backend.get(url) == file.read()
+            usage = store.usage()
+            peak = max(peak, usage.committed_bytes + usage.inflight_bytes)
+        # Before the loop passes the epoch's end: the downloads started
+        # while it trained are done.
+        _settle(prefetcher, lambda: not prefetcher.status()[
+            'entering_pending'])
+        if epoch:
+            # Every read of this epoch found its file on disk.
+            assert misses() == before, epoch
+        if epoch + 1 < epochs:
+            changes = sampler.window_changes(epoch + 1)
+            following = set(stream.ids(end, stream.epoch_start(epoch + 2))
+                            .tolist())
+            assert len(changes.entering) == 20
+            # The whole next epoch is local before it starts ...
+            assert len(on_disk(following)) == len(following), epoch
+            # ... and what leaves the window, never to be read again in
+            # this run, is gone once read.
+            later = set(stream.ids(end, prefetcher.stop).tolist())
+            gone = set(changes.leaving.tolist()) - later
+            assert on_disk(gone) == [], epoch
+            left += len(gone)
+    writer.publish(epochs, 0)
+    prefetcher.poll()
+    prefetcher.close()
+    assert peak <= limit
+    assert left >= 20
+    # At most one download per sample entering a window (epoch 0: all of
+    # it), at least one per sample read: exactly one each without a
+    # return of the arrival order.
+    entering = sum(
+        len(sampler.window_changes(epoch).entering)
+        for epoch in range(epochs))
+    assert entering == 40 + 5 * 20
+    produced = store.counters(NAMESPACE)['produced']
+    read = len(set(stream.ids(0, prefetcher.stop).tolist()))
+    assert read <= produced <= entering
+    stats = prefetcher.stats
+    if count == 200:
+        assert produced == entering
+        assert stats['entering_fetched'] == 5 * 20
+    assert stats['entering_dropped'] == 0
+    # The plan counts each read of epochs >= 1 as a hit (what entered was
+    # booked for its first read); epoch 0 downloads all but the probes.
+    assert stats['planned'] == prefetcher.stop
+    assert stats['planned'] - stats['planned_hits'] == 40 - _SIZE_PROBES
+    assert stats['refetched'] == stats['failed'] == 0
+    assert stats['read_before_planned'] == 0

@@ -9,6 +9,7 @@ from mmengine.dist import broadcast_object_list, get_dist_info
 from mmengine.hooks import Hook
 from mmengine.logging import print_log
 from mmengine.registry import HOOKS
+from mmengine.runner import IterBasedTrainLoop
 
 from ...cache.node_store import NodeStore
 from ...cache.size_units import parse_size
@@ -34,6 +35,28 @@ def node_ranks() -> tuple:
     if local_rank is None or local_size is None:
         return rank, world_size
     return int(local_rank), int(local_size)
+
+
+def iteration_stop(stream: NodeStream, max_iters: int, batch_size: int,
+                   drop_last: bool) -> tuple:
+    """``(stop tick, epochs)`` of an iteration-based loop over an order with
+    epoch ends: mmengine's infinite iterator restarts the DataLoader at
+    each, so ``max_iters`` batches span epochs of ``ceil`` (``floor`` with
+    ``drop_last``) ``per-rank positions / batch_size`` batches each."""
+    world_size, remaining, epoch = stream.world_size, max_iters, 0
+    while True:
+        per_rank = stream.order.epoch_length(epoch) // world_size
+        batches = (per_rank // batch_size
+                   if drop_last else -(-per_rank // batch_size))
+        if remaining <= batches:
+            consumed = remaining * batch_size * world_size
+            return stream.tick_of(epoch, consumed), epoch + 1
+        remaining -= batches
+        epoch += 1
+        if epoch > max_iters and not batches:
+            raise ValueError(
+                f'the train sampler yields no batch of {batch_size} in '
+                f'epochs up to {epoch}')
 
 
 def _base_dataset(dataset):
@@ -193,13 +216,24 @@ class RemoteCachePrefetchHook(Hook):
         _, world_size = get_dist_info()
         per_batch = loader.batch_size * world_size
         limit = parse_size(self._args['cache_limit'], 'cache_limit')
-        if stream.epoch_ticks is None:
+        if stream.endless:
             stop = stream.tick_of(0, loop.max_iters * per_batch)
             pass_ticks = math.ceil(len(loader.dataset) * stream.local_ranks /
                                    world_size)
         else:
-            stop = loop.max_epochs * stream.epoch_ticks
-            pass_ticks = stream.epoch_ticks
+            if isinstance(loop, IterBasedTrainLoop):
+                inner = getattr(loader.batch_sampler, 'batch_sampler',
+                                loader.batch_sampler)
+                stop, epochs = iteration_stop(
+                    stream, loop.max_iters, loader.batch_size,
+                    bool(getattr(inner, 'drop_last', False)))
+            else:
+                stop = stream.epoch_start(loop.max_epochs)
+                epochs = loop.max_epochs
+            # Epochs may differ in length (a growing window): the
+            # look-ahead covers the longest.
+            pass_ticks = max(
+                stream.epoch_ticks_of(epoch) for epoch in range(epochs))
         # Batches each rank's workers may have read beyond the loop's
         # position: those in flight, the one being collated, and one for a
         # rank that runs an iteration ahead of the slowest.
@@ -241,7 +275,7 @@ class RemoteCachePrefetchHook(Hook):
             # The loops position (and reseed) the sampler before the first
             # batch: only now is the order final.
             stream = self._stream()
-            self._infinite = stream.epoch_ticks is None
+            self._infinite = stream.endless
             if node_ranks()[0] == 0:
                 self._start_prefetcher(runner, stream)
         epoch, consumed = self._consumed(runner, batch_idx)
