@@ -23,7 +23,7 @@ from mmdata_plugin.engine import DataMonitorHook
 def _loader(dataset, **kwargs):
     return DataLoader(
         dataset,
-        batch_size=2,
+        batch_size=kwargs.pop('batch_size', 2),
         collate_fn=kwargs.pop('collate_fn', None) or SleepyCollate(0),
         **kwargs)
 
@@ -282,6 +282,37 @@ def test_cheap_samples_are_sampled_by_their_measured_cost():
     assert rank['stages']['decode']['stderr'] >= 0
     with pytest.raises(ValueError, match='sample_every must be None or >= 1'):
         DataLoaderMonitor(loader, sample_every=0)
+
+
+class _BatchFetching(SleepyDataset):
+    """Has its own ``__getitems__``, which counts its calls."""
+
+    batch_fetches = 0
+
+    def __getitems__(self, indices):
+        self.batch_fetches += 1
+        return [self.prepare_data(index) for index in indices]
+
+
+@pytest.mark.parametrize('own_getitems', [False, True])
+def test_a_batch_is_fetched_in_one_call(own_getitems):
+    # The timed class hands torch's fetcher a __getitems__ (the dataset's
+    # own or one calling its __getitem__ per index), so the monitor's
+    # bookkeeping runs once per batch; timed and untimed batches alike.
+    cls = _BatchFetching if own_getitems else SleepyDataset
+    dataset = cls(num=24, pipeline=sleepy_pipeline(()))
+    loader = _loader(dataset, batch_size=3)
+    plain = [batch_digest(b) for b in loader]
+    fetches = getattr(dataset, 'batch_fetches', 0)
+    with DataLoaderMonitor(loader, warmup_iters=0, sample_every=2) as monitor:
+        assert callable(type(dataset).__getitems__)
+        assert [batch_digest(b) for b in loader] == plain
+        rank = monitor.summary()
+    assert rank['batches'] == 7 and rank['samples_per_batch'] == 3
+    assert rank['sampling']['timed_batches'] == 3
+    assert rank['stages']['fetch']['count'] == 3
+    if own_getitems:
+        assert dataset.batch_fetches - fetches == 8
 
 
 def test_non_dict_batches_and_unbatched_loaders():
