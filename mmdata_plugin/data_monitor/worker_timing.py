@@ -30,7 +30,7 @@ number is drawn: the choice is a countdown.
 import math
 import os
 import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from torch.utils.data import get_worker_info
 # torch's own recursive pinning (a private module): MonitoredBatch hands its
@@ -175,9 +175,10 @@ class BatchAccumulator:
         stages[COLLATE] = stages.get(COLLATE, 0.0) + (
             collate_end - collate_start)
         cpu = _thread_time() - self.cpu_first
+        pid, worker = _process_ids()
         record = dict(
-            pid=os.getpid(),
-            worker=_worker_id(),
+            pid=pid,
+            worker=worker,
             samples=self.samples,
             start=self.t_first,
             end=collate_end,
@@ -223,16 +224,26 @@ class BatchAccumulator:
 #: The accumulator of this process (each DataLoader worker has its own copy).
 ACCUMULATOR = BatchAccumulator()
 
-_worker_ids: Dict[int, int] = {}
+#: ``(pid, DataLoader worker id or -1)`` of this process, once known: looked
+#: up at its first record (a worker knows its id by then), forgotten in a
+#: forked child (getpid is a system call: not one per batch).
+_process: Optional[Tuple[int, int]] = None
 
 
-def _worker_id() -> int:
-    """The DataLoader worker id of this process, -1 in the main process."""
-    pid = os.getpid()
-    if pid not in _worker_ids:
+def _process_ids() -> Tuple[int, int]:
+    global _process
+    if _process is None:
         info = get_worker_info()
-        _worker_ids[pid] = -1 if info is None else info.id
-    return _worker_ids[pid]
+        _process = (os.getpid(), -1 if info is None else info.id)
+    return _process
+
+
+def _forget_process() -> None:
+    global _process
+    _process = None
+
+
+os.register_at_fork(after_in_child=_forget_process)
 
 
 def timed_call(key: str, fn: Callable, *args, **kwargs) -> Any:

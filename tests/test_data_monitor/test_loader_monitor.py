@@ -46,22 +46,22 @@ def test_steps_after_starts_pauses_and_skips_are_not_counted():
     iterator = iter(loader)
     take(1)  # start-up batch
     take(2)  # warm-up
-    assert (monitor.total.wait.seen, monitor.skipped) == (0, 3)
+    assert (monitor.counted_steps, monitor.skipped) == (0, 3)
     take(4)
-    assert monitor.total.wait.seen == 4
+    assert monitor.counted_steps == 4
     assert len(monitor.timeline) == 2
     monitor.mark_pause()  # validation: this step and one more
     take(3)
-    assert (monitor.total.wait.seen, monitor.skipped) == (5, 5)
+    assert (monitor.counted_steps, monitor.skipped) == (5, 5)
     monitor.mark_pause(settle=False)  # a short pause: this step only
     take(2)
-    assert (monitor.total.wait.seen, monitor.skipped) == (6, 6)
+    assert (monitor.counted_steps, monitor.skipped) == (6, 6)
     take(1, batches_per_step=3)  # batches taken without steps (resume)
     take(2)
-    assert (monitor.total.wait.seen, monitor.skipped) == (7, 8)
+    assert (monitor.counted_steps, monitor.skipped) == (7, 8)
     iterator = iter(loader)  # a new epoch: start-up + settle
     take(3)
-    assert (monitor.total.wait.seen, monitor.skipped) == (8, 10)
+    assert (monitor.counted_steps, monitor.skipped) == (8, 10)
     assert monitor.starts == 2 and monitor.startup.wait.seen == 2
     monitor.step()  # no batch since the last step
     assert monitor.last_step is None and monitor.steps_without_batch == 1
