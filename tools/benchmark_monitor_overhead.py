@@ -43,9 +43,10 @@ def parse_args():
         'memory, flip, pack; batch 32) and on a config\'s train pipeline: '
         '(1) loader throughput: two loaders read in alternating chunks '
         '(plain, monitored, monitored, plain per round), median ratio; '
-        '(2) CPU per sample, in one process: alternating passes of a '
-        'worker-less plain and monitored loader; (3) per step in the '
-        'training process: DataMonitorHook replaying recorded batches.')
+        '(2) CPU per sample, in one process: alternating chunks of a '
+        'worker-less plain and monitored loader, median difference; (3) per '
+        'step in the training process: DataMonitorHook replaying recorded '
+        'batches.')
     parser.add_argument(
         '--cases',
         nargs='+',
@@ -65,7 +66,15 @@ def parse_args():
     parser.add_argument(
         '--rounds', type=int, default=15, help='rounds of four chunks')
     parser.add_argument(
-        '--batches', type=int, default=15, help='timed batches per chunk')
+        '--chunk-seconds',
+        type=float,
+        default=0.5,
+        help='length of a chunk, from the warm-up\'s rate: long enough that '
+        'the scheduler and other jobs even out within it')
+    parser.add_argument(
+        '--batches',
+        type=int,
+        help='batches per chunk (overrides --chunk-seconds)')
     parser.add_argument(
         '--warmup', type=int, default=10, help='untimed batches per loader')
     parser.add_argument(
@@ -171,27 +180,49 @@ def worker_cpu(iterator) -> Optional[float]:
     return total
 
 
-def interleaved(build: Callable[[int], DataLoader], num_workers: int,
-                rounds: int, batches: int, warmup: int):
-    """Per-round ratios monitored/plain of samples per second, and the
-    ratio plain/monitored of CPU seconds per sample (workers + this
-    process; steadier than wall time when other jobs share the cores)."""
-    loaders = {m: build(num_workers) for m in MODES}
+def chunk_size(iterators: Dict[str, Iterator], args) -> int:
+    """Warm both loaders up; batches per chunk: ``--batches``, or as many as
+    the plain loader reads in ``--chunk-seconds`` (timed on as many more
+    batches as the warm-up)."""
+    for iterator in iterators.values():
+        take(iterator, args.warmup)
+    start = time.perf_counter()
+    take(iterators['plain'], args.warmup)
+    rate = args.warmup / (time.perf_counter() - start)
+    return args.batches or max(1, round(args.chunk_seconds * rate))
+
+
+def quartiles(values: List[float]) -> str:
+    low, _, high = statistics.quantiles(values, n=4) if len(values) > 1 else (
+        values * 3)
+    return f'{low:.3f}-{high:.3f}'
+
+
+def interleaved(build: Callable[[int], DataLoader], args):
+    """Per-round ratios monitored/plain of samples per second, the ratio
+    plain/monitored of CPU seconds per sample (workers + this process;
+    steadier than wall time when other jobs share the cores), and the
+    batches per chunk."""
+    loaders = {m: build(args.workers) for m in MODES}
     monitor = DataLoaderMonitor(loaders['monitored']).install()
     iterators = {m: iter(loader) for m, loader in loaders.items()}
-    samples = {m: take(iterators[m], warmup) for m in MODES}
     main_cpu = {m: 0.0 for m in MODES}
     timed = {m: 0 for m in MODES}
     ratios = []
     try:
-        for _ in range(rounds):
+        batches = chunk_size(iterators, args)
+        taken = {m: args.warmup for m in MODES}
+        taken['plain'] += args.warmup
+        for _ in range(args.rounds):
             rates: Dict[str, List[float]] = {m: [] for m in MODES}
+            # A drift in the machine's load hits both modes alike.
             for mode in ('plain', 'monitored', 'monitored', 'plain'):
                 cpu, start = time.process_time(), time.perf_counter()
                 n = take(iterators[mode], batches)
                 rates[mode].append(n / (time.perf_counter() - start))
                 main_cpu[mode] += time.process_time() - cpu
                 timed[mode] += n
+                taken[mode] += batches
             ratios.append(
                 statistics.mean(rates['monitored']) /
                 statistics.mean(rates['plain']))
@@ -203,14 +234,16 @@ def interleaved(build: Callable[[int], DataLoader], num_workers: int,
             shutdown = getattr(iterator, '_shutdown_workers', None)
             if shutdown is not None:
                 shutdown()
-    print(f"  timed batches: {sampling['timed_batches']} "
+    print(f'  {batches} batches per chunk; timed batches: '
+          f"{sampling['timed_batches']} "
           f"({100 * sampling['timed_share']:.1f}% of the counted ones)")
     cpu_ratio = None
     if None not in workers.values():
-        # Worker CPU covers warm-up and prefetched batches too; this
+        # Worker CPU covers the warm-up and prefetched batches too; this
         # process's only the timed chunks.
         per_sample = {
-            m: workers[m] / (samples[m] + timed[m]) + main_cpu[m] / timed[m]
+            m: workers[m] / (taken[m] * loaders[m].batch_size) +
+            main_cpu[m] / timed[m]
             for m in MODES
         }
         cpu_ratio = per_sample['plain'] / per_sample['monitored']
@@ -219,19 +252,43 @@ def interleaved(build: Callable[[int], DataLoader], num_workers: int,
     return ratios, cpu_ratio
 
 
-def in_process(build: Callable[[int], DataLoader], rounds: int,
-               batches: int) -> Dict[str, float]:
-    """CPU seconds per sample of worker-less loaders (medians), and the
-    recorded batches.
+def in_process(build: Callable[[int], DataLoader], args) -> dict:
+    """CPU seconds per sample of a worker-less plain loader, what the
+    monitored one costs more (medians over rounds), and recorded batches.
 
-    Alternating chunks of a plain and a monitored loader without workers.
-
-    The whole cost in one process: timed fetches and transforms, the
-    untimed batches' counting, records, and the monitor's bookkeeping. CPU
-    time, not wall time: other jobs on the machine barely move it.
+    Each round reads chunks of a plain and a monitored loader without
+    workers (plain, monitored, monitored, plain): the whole cost in one
+    process (timed fetches and transforms, the untimed batches' counting,
+    records, the monitor's bookkeeping). CPU time, not wall time: other
+    jobs on the machine barely move it.
     """
     loaders = {m: build(0) for m in MODES}
     monitor = DataLoaderMonitor(loaders['monitored']).install()
+    iterators = {m: iter(loader) for m, loader in loaders.items()}
+    plain, costs = [], []
+    try:
+        batches = chunk_size(iterators, args)
+        for _ in range(args.process_rounds):
+            per_sample = {m: 0.0 for m in MODES}
+            for mode in ('plain', 'monitored', 'monitored', 'plain'):
+                start = time.process_time()
+                n = take(iterators[mode], batches)
+                per_sample[mode] += (time.process_time() - start) / n / 2
+            plain.append(per_sample['plain'])
+            costs.append(per_sample['monitored'] - per_sample['plain'])
+        recorded = record_batches(monitor, iterators['monitored'], batches)
+    finally:
+        monitor.uninstall()
+    return dict(
+        plain=statistics.median(plain),
+        cost=statistics.median(costs),
+        records=recorded)
+
+
+def record_batches(monitor: DataLoaderMonitor, iterator: Iterator,
+                   batches: int) -> List[tuple]:
+    """What the monitor receives for the next ``batches`` batches (after
+    the measured rounds: recording is not the monitor's cost)."""
     recorded = []
     on_batch = monitor._on_batch
 
@@ -239,44 +296,41 @@ def in_process(build: Callable[[int], DataLoader], rounds: int,
         recorded.append((requested, received, rec))
         on_batch(requested, received, rec)
 
-    iterators = {m: iter(loader) for m, loader in loaders.items()}
-    times: Dict[str, List[float]] = {m: [] for m in MODES}
-    try:
-        for mode in MODES:
-            take(iterators[mode], batches)  # warm-up
-        monitor._on_batch = record
-        for _ in range(rounds):
-            for mode in MODES:
-                start = time.process_time()
-                n = take(iterators[mode], batches)
-                times[mode].append((time.process_time() - start) / n)
-    finally:
-        monitor.uninstall()
-    result = {m: statistics.median(times[m]) for m in MODES}
-    result['records'] = recorded
-    return result
+    monitor._on_batch = record
+    take(iterator, batches)
+    return recorded
 
 
-def fetch_paths(build: Callable[[int], DataLoader], rounds: int,
-                per_round: int = 160) -> Dict[str, float]:
-    """CPU seconds of ``dataset[i]`` per sample: plain, in an untimed batch
-    (the sampled monitor's usual path) and in a timed batch (medians of
-    alternating passes over the same indices)."""
+def fetch_paths(build: Callable[[int], DataLoader],
+                rounds: int) -> Dict[str, float]:
+    """CPU seconds of a batch's fetch per sample: plain, in an untimed
+    batch (the sampled monitor's usual path) and in a timed batch (medians
+    of alternating passes over the same indices, in the loader's batches
+    as torch's fetcher asks for them)."""
     loader = build(0)
     dataset = loader.dataset
     instrumentation = LoaderInstrumentation(loader)
-    size = len(dataset)
+    size, batch_size = len(dataset), loader.batch_size
+    batches = max(1, 160 // batch_size)
 
-    def per_sample(start: int) -> float:
+    def per_sample(start: int, monitored: bool) -> float:
+        getitems = getattr(dataset, '__getitems__', None)
         began = time.process_time()
-        for index in range(start, start + per_round):
-            dataset[index % size]
-        return (time.process_time() - began) / per_round
+        for first in range(start, start + batches * batch_size, batch_size):
+            indices = [i % size for i in range(first, first + batch_size)]
+            if getitems:
+                getitems(indices)
+            else:
+                [dataset[i] for i in indices]
+            if monitored:
+                ACCUMULATOR.reset()  # what the collate wrapper does
+        return (time.process_time() - began) / (batches * batch_size)
 
     times: Dict[str, List[float]] = {m: [] for m in FETCH_PATHS}
     for round_index in range(rounds):
-        start = round_index * per_round
-        times['plain'].append(per_sample(start))
+        start = round_index * batches * batch_size
+        per_sample(start, False)  # caches filled for all three passes
+        times['plain'].append(per_sample(start, False))
         instrumentation.install()
         try:
             plan = instrumentation.plan
@@ -285,7 +339,7 @@ def fetch_paths(build: Callable[[int], DataLoader], rounds: int,
                 ACCUMULATOR.timing = timed
                 plan.apply(timed)
                 times['timed' if timed else 'untimed'].append(
-                    per_sample(start))
+                    per_sample(start, True))
         finally:
             ACCUMULATOR.reset()
             instrumentation.uninstall()
@@ -331,27 +385,31 @@ def per_step(loader: DataLoader, recorded: list, repeat: int = 5) -> float:
 
 def measure(name: str, build: Callable[[int], DataLoader], args) -> dict:
     probe = build(0)
+    chunk = (f'{args.batches} batches' if args.batches else
+             f'{args.chunk_seconds:g} s')
     print(f'{name}: batch_size={probe.batch_size}, {args.workers} workers '
           f'per loader; {args.rounds} rounds x (plain, monitored, '
-          f'monitored, plain) x {args.batches} batches', flush=True)
-    ratios, cpu_ratio = interleaved(build, args.workers, args.rounds,
-                                    args.batches, args.warmup)
+          f'monitored, plain) x {chunk}', flush=True)
+    ratios, cpu_ratio = interleaved(build, args)
     print(f'  throughput ratio monitored/plain per round: '
           f"{', '.join(f'{r:.3f}' for r in ratios)}")
-    row = dict(case=name, ratio=statistics.median(ratios), cpu=cpu_ratio)
+    row = dict(
+        case=name,
+        ratio=statistics.median(ratios),
+        spread=quartiles(ratios),
+        cpu=cpu_ratio)
     if args.process_rounds:
         paths = fetch_paths(build, args.process_rounds)
-        print(f"  dataset[i] per sample, CPU: plain {1e6 * paths['plain']:.1f}"
-              f" us; in an untimed batch "
+        print('  batch fetch per sample, CPU: plain '
+              f"{1e6 * paths['plain']:.1f} us; in an untimed batch "
               f"{1e6 * (paths['untimed'] - paths['plain']):+.2f} us, in a "
               f"timed batch {1e6 * (paths['timed'] - paths['plain']):+.2f}"
               ' us')
-        costs = in_process(build, args.process_rounds, args.batches)
-        plain, monitored = costs['plain'], costs['monitored']
+        costs = in_process(build, args)
         row.update(
-            sample_us=1e6 * plain,
-            cost_us=1e6 * (monitored - plain),
-            cost_share=(monitored - plain) / plain,
+            sample_us=1e6 * costs['plain'],
+            cost_us=1e6 * costs['cost'],
+            cost_share=costs['cost'] / costs['plain'],
             step_us=1e6 * per_step(probe, costs['records']))
     return row
 
@@ -362,19 +420,23 @@ def main():
     if 'demo' in args.cases:
         builders['demo'] = config_loader(args)
     rows = [measure(case, builders[case], args) for case in args.cases]
-    print('\ncase   throughput ratio  CPU ratio   sample (one process)   '
-          'monitor per sample         per step (training process)')
+    print('\ncase   throughput ratio (IQR)       CPU ratio  '
+          'sample (one process)  monitor per sample    '
+          'per step (training process)')
     for row in rows:
         cpu = f"{row['cpu']:.3f}" if row['cpu'] is not None else '-'
-        line = f"{row['case']:<6} {row['ratio']:>9.3f} (>=0.99) {cpu:>7}"
+        line = (f"{row['case']:<6} {row['ratio']:.3f} ({row['spread']}) "
+                f">=0.99  {cpu:>7}")
         if 'sample_us' in row:
-            line += (f"   {row['sample_us']:>10.1f} us        "
-                     f"{row['cost_us']:>6.2f} us = "
-                     f"{100 * row['cost_share']:5.2f}%      "
+            line += (f"    {row['sample_us']:>9.1f} us        "
+                     f"{row['cost_us']:>5.2f} us = "
+                     f"{100 * row['cost_share']:5.2f}%   "
                      f"{row['step_us']:>6.1f} us CPU")
         print(line)
     print('Medians over interleaved rounds: other jobs on the machine hit '
-          'plain and monitored alike.')
+          'plain and monitored alike. Throughput: samples/s per round, IQR '
+          'of the rounds; monitor per sample: CPU time in one process, '
+          'median of the rounds\' differences.')
 
 
 if __name__ == '__main__':

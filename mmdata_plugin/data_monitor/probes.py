@@ -12,22 +12,22 @@ that bypass these functions (``cv2.imread``, PIL, custom readers) are timed
 as part of their own transform: "loaded" as one stage.
 """
 import importlib
-from typing import Callable, List, Tuple
+from typing import Callable, List, Optional, Tuple
 
 from . import worker_timing
 
 IO = 'io'
 DECODE = 'decode'
 
-# (module, attribute, stage); functions of modules that are not installed
-# are skipped. mmcv re-exports imfrombytes from mmcv.image.io, and its
-# imread calls the module-global, so all three names are patched. This
+# (module[:class], attribute, stage); functions of modules that are not
+# installed are skipped. mmcv re-exports imfrombytes from mmcv.image.io, and
+# its imread calls the module-global, so all three names are patched. This
 # package's reduced-size JPEG decoding (LoadImageFromFileReduced) calls
 # image_decoding.decode_image through its module for the same reason.
 _TARGETS: Tuple[Tuple[str, str, str], ...] = (
     ('mmengine.fileio', 'get', IO),
     ('mmengine.fileio.io', 'get', IO),
-    ('mmengine.fileio.file_client.FileClient', 'get', IO),
+    ('mmengine.fileio.file_client:FileClient', 'get', IO),
     ('mmcv', 'imfrombytes', DECODE),
     ('mmcv.image', 'imfrombytes', DECODE),
     ('mmcv.image.io', 'imfrombytes', DECODE),
@@ -35,18 +35,31 @@ _TARGETS: Tuple[Tuple[str, str, str], ...] = (
 )
 
 _installed: List[Tuple[object, str, Callable]] = []
+# (owner, attribute, stage) of the targets found in this process. Resolved
+# once: sampling installs and removes the probes around every timed batch,
+# and looking for a module that is not installed searches the file system.
+_owners: Optional[List[Tuple[object, str, str]]] = None
 
 
 def _resolve(path: str):
-    """Import ``path``; a trailing class name is looked up on its module."""
+    """The module ``path`` (``module:Class``: that class), or None."""
+    module_path, _, class_name = path.partition(':')
     try:
-        return importlib.import_module(path)
+        owner = importlib.import_module(module_path)
     except ImportError:
-        module_path, _, name = path.rpartition('.')
-        try:
-            return getattr(importlib.import_module(module_path), name)
-        except (ImportError, AttributeError):
-            return None
+        return None
+    return getattr(owner, class_name, None) if class_name else owner
+
+
+def _targets() -> List[Tuple[object, str, str]]:
+    global _owners
+    if _owners is None:
+        _owners = []
+        for path, attr, stage in _TARGETS:
+            owner = _resolve(path)
+            if owner is not None:
+                _owners.append((owner, attr, stage))
+    return _owners
 
 
 def _make_probe(original: Callable, stage: str) -> Callable:
@@ -67,9 +80,8 @@ def ensure_installed() -> None:
     """Install the probes in this process unless they are already there."""
     if _installed:
         return
-    for path, attr, stage in _TARGETS:
-        owner = _resolve(path)
-        original = getattr(owner, attr, None) if owner is not None else None
+    for owner, attr, stage in _targets():
+        original = getattr(owner, attr, None)
         # A forked child inherits installed probes; never wrap twice.
         if original is None or hasattr(original, '_data_monitor_original'):
             continue

@@ -1,7 +1,7 @@
 """Timing inside the process that loads the data (a worker, or the main one).
 
-Every timed region -- a dataset fetch, a pipeline transform, a file read, an
-image decode -- runs through :func:`timed_call`, which keeps a stack of
+Every timed region -- a dataset fetch (a whole batch's, when the loader
+batches), a pipeline transform, a file read, an image decode -- runs through :func:`timed_call`, which keeps a stack of
 open regions so that each region is charged its *self* time (its duration
 minus that of the regions it contains). The sums build up in one per-process
 :class:`BatchAccumulator`; the collate wrapper turns them into one small
@@ -19,7 +19,9 @@ Sampling. Timing a region costs 1.5-2 us, a cheap sample a few of them; so
 only every K-th batch of a process is timed in stages (a *timed* batch), the
 others run the original, unwrapped transforms (a :class:`TimingPlan` swaps
 the pipeline lists at batch boundaries) and record only what is exact for
-every batch: its start, end, CPU time and samples. K is chosen after each
+every batch: its start, end, CPU time and samples, taken once per batch
+(the timed dataset's ``__getitems__``, the collate), so an untimed batch
+costs nothing per sample. K is chosen after each
 timed batch from its CPU time and how many regions it timed, so that timing
 stays under :data:`TARGET_OVERHEAD` of the worker's CPU time: heavy samples
 are all timed, 100 us samples about one batch in 30. No random
@@ -28,7 +30,7 @@ number is drawn: the choice is a countdown.
 import math
 import os
 import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from torch.utils.data import get_worker_info
 # torch's own recursive pinning (a private module): MonitoredBatch hands its
@@ -173,9 +175,10 @@ class BatchAccumulator:
         stages[COLLATE] = stages.get(COLLATE, 0.0) + (
             collate_end - collate_start)
         cpu = _thread_time() - self.cpu_first
+        pid, worker = _process_ids()
         record = dict(
-            pid=os.getpid(),
-            worker=_worker_id(),
+            pid=pid,
+            worker=worker,
             samples=self.samples,
             start=self.t_first,
             end=collate_end,
@@ -221,16 +224,26 @@ class BatchAccumulator:
 #: The accumulator of this process (each DataLoader worker has its own copy).
 ACCUMULATOR = BatchAccumulator()
 
-_worker_ids: Dict[int, int] = {}
+#: ``(pid, DataLoader worker id or -1)`` of this process, once known: looked
+#: up at its first record (a worker knows its id by then), forgotten in a
+#: forked child (getpid is a system call: not one per batch).
+_process: Optional[Tuple[int, int]] = None
 
 
-def _worker_id() -> int:
-    """The DataLoader worker id of this process, -1 in the main process."""
-    pid = os.getpid()
-    if pid not in _worker_ids:
+def _process_ids() -> Tuple[int, int]:
+    global _process
+    if _process is None:
         info = get_worker_info()
-        _worker_ids[pid] = -1 if info is None else info.id
-    return _worker_ids[pid]
+        _process = (os.getpid(), -1 if info is None else info.id)
+    return _process
+
+
+def _forget_process() -> None:
+    global _process
+    _process = None
+
+
+os.register_at_fork(after_in_child=_forget_process)
 
 
 def timed_call(key: str, fn: Callable, *args, **kwargs) -> Any:
@@ -378,6 +391,12 @@ def timed_dataset_class(base: type, split_io_decode: bool) -> type:
     base's name, and pickles as "rebuild the base, switch the class", so
     spawn workers get a timed dataset too.
 
+    The subclass always has a ``__getitems__``: torch's fetcher then hands
+    it a whole batch of indices, so the per-batch bookkeeping runs once per
+    batch and an untimed batch costs nothing per sample. Without a base
+    ``__getitems__`` it fetches each index with the base's ``__getitem__``,
+    which is what the fetcher would have done.
+
     Args:
         base (type): The dataset's class.
         split_io_decode (bool): Install the IO/decode probes in the process
@@ -385,60 +404,61 @@ def timed_dataset_class(base: type, split_io_decode: bool) -> type:
     """
     cls = _TIMED_DATASET_CLASSES.get((base, split_io_decode))
     if cls is None:
-        namespace = dict(
-            __getitem__=_timed_getitem,
-            __reduce_ex__=_reduce_timed_dataset,
-            __module__=base.__module__,
-            __qualname__=base.__qualname__,
-            _dm_base=base,
-            _dm_probes=split_io_decode)
-        if getattr(base, '__getitems__', None):
-            namespace['__getitems__'] = _timed_getitems
-        cls = type(base.__name__, (base, ), namespace)
+        fetch_batch = (
+            _base_getitems
+            if getattr(base, '__getitems__', None) else _base_getitem_each)
+        cls = type(
+            base.__name__, (base, ),
+            dict(
+                __getitem__=_timed_getitem,
+                __getitems__=_timed_getitems,
+                __reduce_ex__=_reduce_timed_dataset,
+                __module__=base.__module__,
+                __qualname__=base.__qualname__,
+                _dm_base=base,
+                _dm_fetch_batch=staticmethod(fetch_batch),
+                _dm_probes=split_io_decode))
         _TIMED_DATASET_CLASSES[(base, split_io_decode)] = cls
     return cls
 
 
 def _timed_getitem(self, index):
-    acc = ACCUMULATOR
-    _register_plan(self, acc)
-    if not acc.timing:  # a batch that is not timed: count, nothing else
-        acc.samples += 1
-        if acc.t_first is None:
-            acc.start_batch()
-        return self._dm_base.__getitem__(self, index)
-    _begin_timed_fetch(self, 1)
-    return timed_call(FETCH, self._dm_base.__getitem__, self, index)
+    # One sample: a loader without automatic batching, or a direct call.
+    return _fetch(self, 1, self._dm_base.__getitem__, index)
 
 
 def _timed_getitems(self, indices):
-    acc = ACCUMULATOR
-    _register_plan(self, acc)
-    if not acc.timing:
-        acc.samples += len(indices)
-        if acc.t_first is None:
-            acc.start_batch()
-        return self._dm_base.__getitems__(self, indices)
-    _begin_timed_fetch(self, len(indices))
-    return timed_call(FETCH, self._dm_base.__getitems__, self, indices)
+    return _fetch(self, len(indices), self._dm_fetch_batch, indices)
 
 
-def _register_plan(dataset, acc: BatchAccumulator) -> None:
-    """Register the dataset's plan at its first fetch in this process.
+def _base_getitems(dataset, indices):
+    return dataset._dm_base.__getitems__(dataset, indices)
 
-    Whether or not the batch in progress is timed: the countdown may have
+
+def _base_getitem_each(dataset, indices):
+    getitem = dataset._dm_base.__getitem__
+    return [getitem(dataset, index) for index in indices]
+
+
+def _fetch(dataset, samples: int, fetch: Callable, arg):
+    """Count the samples, start the batch's clocks, time it if sampled.
+
+    The dataset's plan is registered at its first fetch in this process,
+    whether or not the batch in progress is timed: the countdown may have
     been left by another monitor, and only registering restarts it.
     """
+    acc = ACCUMULATOR
     plan = dataset.__dict__.get('_dm_plan')
     if plan is not None and plan not in acc.plans:
         acc.register(plan)
-
-
-def _begin_timed_fetch(dataset, samples: int) -> None:
-    acc = ACCUMULATOR
+    if acc.t_first is None:
+        acc.start_batch()
+    acc.samples += samples
+    if not acc.timing:
+        return fetch(dataset, arg)
     if dataset._dm_probes:
         probes.ensure_installed()
-    acc.samples += samples
+    return timed_call(FETCH, fetch, dataset, arg)
 
 
 def _reduce_timed_dataset(self, protocol):

@@ -23,7 +23,7 @@ from mmdata_plugin.engine import DataMonitorHook
 def _loader(dataset, **kwargs):
     return DataLoader(
         dataset,
-        batch_size=2,
+        batch_size=kwargs.pop('batch_size', 2),
         collate_fn=kwargs.pop('collate_fn', None) or SleepyCollate(0),
         **kwargs)
 
@@ -46,22 +46,22 @@ def test_steps_after_starts_pauses_and_skips_are_not_counted():
     iterator = iter(loader)
     take(1)  # start-up batch
     take(2)  # warm-up
-    assert (monitor.total.wait.seen, monitor.skipped) == (0, 3)
+    assert (monitor.counted_steps, monitor.skipped) == (0, 3)
     take(4)
-    assert monitor.total.wait.seen == 4
+    assert monitor.counted_steps == 4
     assert len(monitor.timeline) == 2
     monitor.mark_pause()  # validation: this step and one more
     take(3)
-    assert (monitor.total.wait.seen, monitor.skipped) == (5, 5)
+    assert (monitor.counted_steps, monitor.skipped) == (5, 5)
     monitor.mark_pause(settle=False)  # a short pause: this step only
     take(2)
-    assert (monitor.total.wait.seen, monitor.skipped) == (6, 6)
+    assert (monitor.counted_steps, monitor.skipped) == (6, 6)
     take(1, batches_per_step=3)  # batches taken without steps (resume)
     take(2)
-    assert (monitor.total.wait.seen, monitor.skipped) == (7, 8)
+    assert (monitor.counted_steps, monitor.skipped) == (7, 8)
     iterator = iter(loader)  # a new epoch: start-up + settle
     take(3)
-    assert (monitor.total.wait.seen, monitor.skipped) == (8, 10)
+    assert (monitor.counted_steps, monitor.skipped) == (8, 10)
     assert monitor.starts == 2 and monitor.startup.wait.seen == 2
     monitor.step()  # no batch since the last step
     assert monitor.last_step is None and monitor.steps_without_batch == 1
@@ -282,6 +282,37 @@ def test_cheap_samples_are_sampled_by_their_measured_cost():
     assert rank['stages']['decode']['stderr'] >= 0
     with pytest.raises(ValueError, match='sample_every must be None or >= 1'):
         DataLoaderMonitor(loader, sample_every=0)
+
+
+class _BatchFetching(SleepyDataset):
+    """Has its own ``__getitems__``, which counts its calls."""
+
+    batch_fetches = 0
+
+    def __getitems__(self, indices):
+        self.batch_fetches += 1
+        return [self.prepare_data(index) for index in indices]
+
+
+@pytest.mark.parametrize('own_getitems', [False, True])
+def test_a_batch_is_fetched_in_one_call(own_getitems):
+    # The timed class hands torch's fetcher a __getitems__ (the dataset's
+    # own or one calling its __getitem__ per index), so the monitor's
+    # bookkeeping runs once per batch; timed and untimed batches alike.
+    cls = _BatchFetching if own_getitems else SleepyDataset
+    dataset = cls(num=24, pipeline=sleepy_pipeline(()))
+    loader = _loader(dataset, batch_size=3)
+    plain = [batch_digest(b) for b in loader]
+    fetches = getattr(dataset, 'batch_fetches', 0)
+    with DataLoaderMonitor(loader, warmup_iters=0, sample_every=2) as monitor:
+        assert callable(type(dataset).__getitems__)
+        assert [batch_digest(b) for b in loader] == plain
+        rank = monitor.summary()
+    assert rank['batches'] == 7 and rank['samples_per_batch'] == 3
+    assert rank['sampling']['timed_batches'] == 3
+    assert rank['stages']['fetch']['count'] == 3
+    if own_getitems:
+        assert dataset.batch_fetches - fetches == 8
 
 
 def test_non_dict_batches_and_unbatched_loaders():

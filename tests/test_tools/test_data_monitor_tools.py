@@ -40,7 +40,7 @@ def test_analyze_rerenders_tables_and_plot(tmp_path, train_env):
 def test_overhead_benchmark_prints_the_median_ratio(demo_root, train_env):
     out = run_command([
         sys.executable, BENCHMARK, '--data-root', demo_root, '--rounds', '1',
-        '--batches', '3', '--warmup', '1', '--process-rounds', '2',
+        '--chunk-seconds', '0.02', '--warmup', '2', '--process-rounds', '2',
         '--cfg-options', 'train_dataloader.batch_size=4'
     ],
                       env=train_env).stdout
@@ -48,8 +48,12 @@ def test_overhead_benchmark_prints_the_median_ratio(demo_root, train_env):
     assert 'demo: batch_size=4, 2 workers per loader; 1 rounds' in out
     assert out.count('throughput ratio monitored/plain per round: ') == 2
     assert out.count('CPU per sample (workers + training process)') == 2
-    assert out.count('dataset[i] per sample, CPU: plain') == 2
+    # Chunks sized from the warm-up's rate.
+    assert len(re.findall(r'^  \d+ batches per chunk; timed batches: ', out,
+                          re.M)) == 2
+    assert out.count('batch fetch per sample, CPU: plain') == 2
     for case in ('cheap', 'demo'):
         assert re.search(
-            rf'^{case} +\d+\.\d{{3}} \(>=0\.99\) +\d+\.\d{{3}} +[\d.]+ us '
-            r'+[-\d.]+ us = +[-\d.]+% +[\d.]+ us CPU$', out, re.M), out
+            rf'^{case} +\d+\.\d{{3}} \(\d+\.\d{{3}}-\d+\.\d{{3}}\) >=0\.99 '
+            r'+\d+\.\d{3} +[\d.]+ us +[-\d.]+ us = +[-\d.]+% +[\d.]+ us CPU$',
+            out, re.M), out

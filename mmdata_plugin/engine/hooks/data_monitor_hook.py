@@ -220,7 +220,7 @@ class DataMonitorHook(Hook):
 
     def _warn_if_blind(self, runner) -> None:
         if (self._warned_blind or self.monitor.steps_without_batch < 3
-                or self.monitor.total.wait.seen):
+                or self.monitor.counted_steps):
             return
         self._warned_blind = True
         runner.logger.warning(
