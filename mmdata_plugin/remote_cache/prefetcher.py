@@ -146,7 +146,8 @@ class NodePrefetcher:
         self.stats = dict(planned=0, planned_hits=0, downloads=0,
                           refetched=0, not_admitted=0, failed=0,
                           evicted_by_plan=0, freed_at_read=0,
-                          read_before_planned=0, reserve_full=0,
+                          read_before_planned=0, read_before_download=0,
+                          reserve_full=0,
                           entering_fetched=0, entering_dropped=0)
         self._warned = set()
 
@@ -547,6 +548,8 @@ class NodePrefetcher:
         total: Optional[int] = 0
         try:
             for url in urls:
+                if not self._still_needed(sample, url):
+                    continue
                 with self.reader.fetch(url, size // max(len(urls), 1)) \
                         as entry:
                     if not entry.admitted:
@@ -573,6 +576,16 @@ class NodePrefetcher:
             with self._lock:
                 self._inflight -= 1
                 self._downloading.discard(sample)
+
+    def _still_needed(self, sample: int, url: str) -> bool:
+        """Whether a queued download is still wanted: a reader ahead of
+        the plan may have downloaded, read and reported the file (the plan
+        freed it) while the download waited for a thread."""
+        with self._lock:
+            if url in self._staged or sample in self.planner.cache.until:
+                return True
+            self.stats['read_before_download'] += 1
+            return False
 
     def _warn_once(self, kind: str, message: str) -> None:
         if kind not in self._warned:

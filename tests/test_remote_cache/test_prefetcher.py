@@ -169,6 +169,25 @@ def test_reads_ahead_of_the_plan_are_not_downloaded_again(tmp_path):
     assert prefetcher.stats['read_before_planned'] == 100
 
 
+def test_a_queued_download_of_a_file_already_read_is_dropped(tmp_path):
+    # A download waits for a thread while a reader ahead of the plan
+    # downloads, reads and reports the file, and the plan frees it: the
+    # queued download must not fetch it again.
+    prefetcher, writer, urls, *_ = build(tmp_path)
+    writer.publish(0, 0)
+    prefetcher.poll()
+    while prefetcher.status()['inflight']:
+        time.sleep(0.001)
+    booked = set(prefetcher._urls)
+    unbooked = next(s for s in range(120) if s not in booked)
+    produced = prefetcher.store.counters(NAMESPACE)['produced']
+    prefetcher._inflight += 1  # as _apply does when it queues one
+    prefetcher._download(unbooked, urls(unbooked), SIZE)
+    prefetcher.close()
+    assert prefetcher.store.counters(NAMESPACE)['produced'] == produced
+    assert prefetcher.stats['read_before_download'] == 1
+
+
 def test_auto_reserve_is_max_inflight_samples(tmp_path):
     prefetcher, writer, *_ = build(tmp_path, reserve=None)
     writer.publish(0, 0)
