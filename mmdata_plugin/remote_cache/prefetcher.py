@@ -352,14 +352,20 @@ class NodePrefetcher:
     def victims(self, nbytes: int = 0):
         """Who the store evicts when a download needs room: files no plan
         needs, then kept samples, the one read furthest ahead first (never
-        one read within the window), then files no plan needs that were
-        published within the last seconds."""
+        one read within the window, nor one with a read in the window still
+        ahead), then files no plan needs that were published within the
+        last seconds."""
         with self._lock:
             needed = {url for urls in self._urls.values() for url in urls}
-            kept = ([] if self.planner is None else
-                    [(sample, self.planner.cache.until[sample])
-                     for sample in self.planner.cache.kept_by_next_use()])
             soon = self.position + self.window()
+            # Kept for a read beyond the window, but not while a read of
+            # it within the window is still ahead (the reader would find
+            # nothing and download it again).
+            kept = [] if self.planner is None else [
+                sample for sample in self.planner.cache.kept_by_next_use()
+                if self.planner.cache.until[sample] >= soon
+                and not self._reads.get(sample)
+            ]
             leaving = list(self._leaving)
         for url in leaving:
             yield NAMESPACE, url
@@ -374,9 +380,7 @@ class NodePrefetcher:
                     recent.append(row.key)
                 else:
                     yield NAMESPACE, row.key
-        for sample, until in kept:
-            if until < soon:
-                break
+        for sample in kept:
             for url in self._urls.get(sample, ()):
                 yield NAMESPACE, url
         for url in recent:

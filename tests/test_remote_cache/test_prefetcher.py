@@ -188,6 +188,29 @@ def test_a_queued_download_of_a_file_already_read_is_dropped(tmp_path):
     assert prefetcher.stats['read_before_download'] == 1
 
 
+def test_the_store_never_evicts_a_kept_file_before_a_read_ahead(tmp_path):
+    # A sample kept for a read in the next epoch whose read in this window
+    # is still ahead: when a download needs room, the store must not take
+    # it (the reader would find nothing and download it again).
+    prefetcher, writer, *_ = build(tmp_path, limit=60 * SIZE)
+    writer.publish(0, 0)
+    prefetcher.poll()
+    while prefetcher.status()['inflight']:
+        time.sleep(0.001)
+    prefetcher.close()
+    soon = prefetcher.position + prefetcher.window()
+    cache = prefetcher.planner.cache
+    waiting = {
+        url
+        for sample in cache.until
+        if cache.until[sample] >= soon and prefetcher._reads.get(sample)
+        for url in prefetcher._urls[sample]
+    }
+    assert waiting
+    offered = {url for _, url in prefetcher.victims(SIZE)}
+    assert not offered & waiting
+
+
 def test_auto_reserve_is_max_inflight_samples(tmp_path):
     prefetcher, writer, *_ = build(tmp_path, reserve=None)
     writer.publish(0, 0)
