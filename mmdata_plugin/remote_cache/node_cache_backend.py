@@ -20,7 +20,7 @@ the store keeps the most recently read files.
 import contextlib
 import os
 import time
-from typing import Dict, Iterator, List, Optional, Tuple, Union
+from typing import Callable, Dict, Iterator, List, Optional, Tuple, Union
 
 from mmengine.fileio import get_file_backend
 from mmengine.fileio.backends import BaseStorageBackend, register_backend
@@ -78,6 +78,11 @@ class PlannedEviction:
                 yield namespace, key
 
 
+class DownloadNotWanted(Exception):
+    """A download given up when its turn came: nobody needs the file any
+    more (raised by :meth:`RemoteReader.fetch` before any byte is read)."""
+
+
 def write_victims(cache_dir: str, urls: List[str]) -> None:
     """Publish the prefetcher's eviction order (see :class:`PlannedEviction`)."""
     path = os.path.join(cache_dir, VICTIMS_FILE)
@@ -122,11 +127,21 @@ class RemoteReader:
     def entry_path(self, url: str) -> str:
         return self.store.entry_path(NAMESPACE, url)
 
-    def fetch(self, url: str, size_hint: Optional[int] = None,
-              admit: bool = True) -> StoreEntry:
-        """The store entry of ``url``, downloaded once if missing."""
+    def fetch(self,
+              url: str,
+              size_hint: Optional[int] = None,
+              admit: bool = True,
+              wanted: Optional[Callable[[], bool]] = None) -> StoreEntry:
+        """The store entry of ``url``, downloaded once if missing.
+
+        ``wanted`` is asked when the download would start (after waiting
+        for another process producing the same file): False raises
+        :class:`DownloadNotWanted` instead of downloading.
+        """
 
         def produce(file) -> None:
+            if wanted is not None and not wanted():
+                raise DownloadNotWanted(url)
             backend = self.remote(url)
             # Our remote backends stream into the file (and resume a cut
             # body); any other fileio backend hands over the bytes.

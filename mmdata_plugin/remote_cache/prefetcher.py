@@ -37,7 +37,8 @@ from typing import Callable, Dict, List, Optional
 from mmengine.logging import print_log
 
 from .consumption_cursors import CursorReader
-from .node_cache_backend import NAMESPACE, RemoteReader, write_victims
+from .node_cache_backend import (NAMESPACE, DownloadNotWanted, RemoteReader,
+                                 write_victims)
 from .node_stream import NodeStream
 from .read_once import ReadOnceMarks
 from .stream_planner import StreamPlanner
@@ -549,26 +550,33 @@ class NodePrefetcher:
 
     def _download(self, sample: int, urls: List[str], size: int) -> None:
         start = time.perf_counter()
-        total: Optional[int] = 0
+        total, fetched, sized = 0, 0, True
         try:
             for url in urls:
-                if not self._still_needed(sample, url):
+                try:
+                    entry = self.reader.fetch(
+                        url,
+                        size // max(len(urls), 1),
+                        wanted=lambda url=url: self._still_needed(sample, url))
+                except DownloadNotWanted:
+                    sized = False
                     continue
-                with self.reader.fetch(url, size // max(len(urls), 1)) \
-                        as entry:
+                fetched += 1
+                with entry:
                     if not entry.admitted:
                         self.stats['not_admitted'] += 1
                     try:
-                        total = (total or 0) + os.path.getsize(entry.path)
+                        total += os.path.getsize(entry.path)
                     except FileNotFoundError:
                         # Read and freed already.
-                        total = None
+                        sized = False
             with self._lock:
-                self.stats['downloads'] += 1
-                if total is not None:
+                if fetched:
+                    self.stats['downloads'] += 1
+                    self._latency = (0.8 * self._latency + 0.2 *
+                                     (time.perf_counter() - start))
+                if fetched and sized:
                     self._learn_size(sample, total)
-                seconds = time.perf_counter() - start
-                self._latency = 0.8 * self._latency + 0.2 * seconds
         except Exception as error:  # the reader's own read reports it
             with self._lock:
                 self.stats['failed'] += 1
@@ -582,9 +590,10 @@ class NodePrefetcher:
                 self._downloading.discard(sample)
 
     def _still_needed(self, sample: int, url: str) -> bool:
-        """Whether a queued download is still wanted: a reader ahead of
-        the plan may have downloaded, read and reported the file (the plan
-        freed it) while the download waited for a thread."""
+        """Whether a download is still wanted when it starts: a reader
+        ahead of the plan may have downloaded, read and reported the file
+        (the plan freed it) while the download waited for a thread or for
+        that reader's download of the same file."""
         with self._lock:
             if url in self._staged or sample in self.planner.cache.until:
                 return True
