@@ -40,7 +40,6 @@ import json
 import os
 import os.path as osp
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
