@@ -1,8 +1,19 @@
-"""What a node cache holds while a test run goes on."""
+"""What a node-cache training test runs with, and what the cache holds
+while it goes on."""
 import os
 import threading
 
 from mmdata_plugin.cache.node_store import MARKER, NodeStore
+
+
+def run_env(base_env, srv, tmp):
+    """Environment of a training run reading from ``srv`` (the demo's
+    remote configs), with its index and fetched files under ``tmp``."""
+    return dict(
+        base_env,
+        MMDATA_REMOTE_ROOT=srv.base_url,
+        MMDATA_REMOTE_FILES_DIR=str(tmp / 'remote_files'),
+        MMDATA_INDEX_DIR=str(tmp / 'index'))
 
 
 def disk_bytes(cache_dir):

@@ -22,7 +22,7 @@ from urllib.parse import unquote
 
 import mmcv
 import pytest
-from cache_usage import UsageSampler
+from cache_usage import UsageSampler, run_env
 from helpers import REPO_ROOT, TRAIN_SCRIPT
 
 from mmdata_plugin.cache.node_store import NodeStore
@@ -101,14 +101,6 @@ train_dataloader = dict(
     ]))
 """)
     return str(path)
-
-
-def run_env(probe_env, srv, tmp):
-    return dict(
-        probe_env,
-        MMDATA_REMOTE_ROOT=srv.base_url,
-        MMDATA_REMOTE_FILES_DIR=str(tmp / 'remote_files'),
-        MMDATA_INDEX_DIR=str(tmp / 'index'))
 
 
 def train(config, work_dir, env, *extra, nproc=1):

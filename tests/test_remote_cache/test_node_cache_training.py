@@ -5,7 +5,7 @@ import re
 import sys
 
 import pytest
-from cache_usage import UsageSampler, disk_bytes
+from cache_usage import UsageSampler, disk_bytes, run_env
 from helpers import REPO_ROOT, TRAIN_SCRIPT, quick_cfg_options
 
 from mmdata_plugin.cache.node_store import NodeStore
@@ -34,10 +34,7 @@ def test_two_ranks_two_workers_hold_the_budget(bigger_demo, train_env,
     sampler = UsageSampler(cache_dir, limit)
     with LoopbackHTTPServer(bigger_demo, latency=0.01) as srv:
         env = dict(
-            train_env,
-            MMDATA_REMOTE_ROOT=srv.base_url,
-            MMDATA_REMOTE_FILES_DIR=str(tmp_path / 'remote_files'),
-            MMDATA_INDEX_DIR=str(tmp_path / 'index'),
+            run_env(train_env, srv, tmp_path),
             MMDATA_NODE_CACHE=cache_dir,
             MMDATA_NODE_CACHE_LIMIT=str(limit))
         # 2 ranks x batch 4 x 50 iterations = two passes over the 200.
@@ -104,10 +101,7 @@ def test_growing_window_downloads_each_entering_image_once(
     }
     with LoopbackHTTPServer(demo_root, latency=0.01) as srv:
         env = dict(
-            train_env,
-            MMDATA_REMOTE_ROOT=srv.base_url,
-            MMDATA_REMOTE_FILES_DIR=str(tmp_path / 'remote_files'),
-            MMDATA_INDEX_DIR=str(tmp_path / 'index'),
+            run_env(train_env, srv, tmp_path),
             MMDATA_NODE_CACHE=cache_dir,
             # A quarter is the prefetch reserve: the plan keeps 48 images'
             # worth, the window and the next epoch's entering ones fit.
