@@ -311,9 +311,10 @@ class NodePrefetcher:
             elif digest not in self._booked:
                 self._read_ahead[digest] = None
         self.stats['freed_at_read'] += len(gone)
-        # Reads the plan never reaches (the run ends first) are forgotten.
-        for digest in list(self._read_ahead)[:-_READ_AHEAD_MEMORY]:
-            del self._read_ahead[digest]
+        # Reads the plan never reaches (the run ends first) are forgotten,
+        # oldest first.
+        while len(self._read_ahead) > _READ_AHEAD_MEMORY:
+            del self._read_ahead[next(iter(self._read_ahead))]
         return gone
 
     def _read_already(self, urls: List[str]) -> bool:
@@ -494,10 +495,16 @@ class NodePrefetcher:
             self._reads[sample] = self._reads.get(sample, 0) + 1
             heapq.heappush(self._releases, (tick, sample))
             self._settle(sample)
+        download = self._download_of(sample, urls)
+        if download is not None and decision.hit:
+            self.stats['refetched'] += 1
+        return download
+
+    def _download_of(self, sample: int, urls: List[str]) -> Optional[tuple]:
+        """The download ``sample`` needs (counted in flight), or None when
+        its files are on disk or coming."""
         if sample in self._downloading or self._present(urls):
             return None
-        if decision.hit:
-            self.stats['refetched'] += 1
         self._inflight += 1
         self._downloading.add(sample)
         return sample, urls, self.size_of(sample)
@@ -541,11 +548,9 @@ class NodePrefetcher:
             self._leaving.difference_update(urls)
             self._booked_ahead.add(sample)
             self.stats['entering_fetched'] += 1
-            if sample in self._downloading or self._present(urls):
-                continue
-            self._inflight += 1
-            self._downloading.add(sample)
-            downloads.append((sample, urls, self.size_of(sample)))
+            download = self._download_of(sample, urls)
+            if download is not None:
+                downloads.append(download)
         return downloads
 
     def _download(self, sample: int, urls: List[str], size: int) -> None:
