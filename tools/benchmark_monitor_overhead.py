@@ -346,6 +346,46 @@ def fetch_paths(build: Callable[[int], DataLoader],
     return {m: statistics.median(times[m]) for m in FETCH_PATHS}
 
 
+class Indices:
+    """A dataset whose samples cost nothing: its index."""
+
+    def __len__(self) -> int:
+        return 1 << 30
+
+    def __getitem__(self, index: int) -> int:
+        return index
+
+
+def per_batch_floor(batch_size: int, rounds: int) -> float:
+    """CPU seconds the monitor adds per batch when samples cost nothing
+    (median of the rounds' (plain, monitored, monitored, plain)
+    differences, in one process): its own code, with the CPU caches as
+    warm as they get. A real pipeline's work between batches cools them,
+    which the in-process figure of that pipeline includes."""
+    loaders = {
+        m: DataLoader(Indices(), batch_size=batch_size, collate_fn=list)
+        for m in MODES
+    }
+    monitor = DataLoaderMonitor(loaders['monitored']).install()
+    iterators = {m: iter(loader) for m, loader in loaders.items()}
+    batches, costs = 500, []
+    try:
+        for iterator in iterators.values():
+            for _ in range(batches):
+                next(iterator)
+        for _ in range(rounds):
+            per_batch = {m: 0.0 for m in MODES}
+            for mode in ('plain', 'monitored', 'monitored', 'plain'):
+                start = time.process_time()
+                for _ in range(batches):
+                    next(iterators[mode])
+                per_batch[mode] += (time.process_time() - start) / batches
+            costs.append((per_batch['monitored'] - per_batch['plain']) / 2)
+    finally:
+        monitor.uninstall()
+    return statistics.median(costs)
+
+
 def per_step(loader: DataLoader, recorded: list, repeat: int = 5) -> float:
     """CPU seconds per training step of DataMonitorHook (median of
     ``repeat`` replays of the recorded batches, 20 times each).
@@ -406,7 +446,12 @@ def measure(name: str, build: Callable[[int], DataLoader], args) -> dict:
               f"timed batch {1e6 * (paths['timed'] - paths['plain']):+.2f}"
               ' us')
         costs = in_process(build, args)
+        floor = per_batch_floor(probe.batch_size, args.process_rounds)
+        print(f'  monitor per batch of zero-cost samples: {1e6 * floor:.2f} '
+              f'us CPU ({1e6 * floor / probe.batch_size:.2f} us per sample '
+              f'at batch {probe.batch_size})')
         row.update(
+            floor_us=1e6 * floor / probe.batch_size,
             sample_us=1e6 * costs['plain'],
             cost_us=1e6 * costs['cost'],
             cost_share=costs['cost'] / costs['plain'],
@@ -422,7 +467,7 @@ def main():
     rows = [measure(case, builders[case], args) for case in args.cases]
     print('\ncase   throughput ratio (IQR)       CPU ratio  '
           'sample (one process)  monitor per sample    '
-          'per step (training process)')
+          'zero-cost samples  per step (training process)')
     for row in rows:
         cpu = f"{row['cpu']:.3f}" if row['cpu'] is not None else '-'
         line = (f"{row['case']:<6} {row['ratio']:.3f} ({row['spread']}) "
@@ -431,12 +476,15 @@ def main():
             line += (f"    {row['sample_us']:>9.1f} us        "
                      f"{row['cost_us']:>5.2f} us = "
                      f"{100 * row['cost_share']:5.2f}%   "
+                     f"{row['floor_us']:>6.2f} us        "
                      f"{row['step_us']:>6.1f} us CPU")
         print(line)
     print('Medians over interleaved rounds: other jobs on the machine hit '
           'plain and monitored alike. Throughput: samples/s per round, IQR '
           'of the rounds; monitor per sample: CPU time in one process, '
-          'median of the rounds\' differences.')
+          'median of the rounds\' differences; zero-cost samples: the same '
+          'on a dataset whose samples are their index (the monitor\'s own '
+          'code with warm CPU caches).')
 
 
 if __name__ == '__main__':

@@ -28,7 +28,10 @@
 # offline on the very trace the node read at the same budget, remote bytes
 # over Belady's (MB/opt), duplicate downloads (a sample downloaded more than
 # once within one epoch), peak sample bytes on disk (entries and downloads
-# in flight) over the budget, wrong samples (must be 0). Readers without a planner are bound at
+# in flight) over the budget, wrong samples (must be 0), and "bw use":
+# remote MB/s over the cap, i.e. samples/s over the bound the bandwidth
+# sets for the bytes this config downloads per sample (1.00 = at the
+# bound; the goal is >= 0.95 wherever samples/s is below local's). Readers without a planner are bound at
 # ranks x workers / latency samples/s (one request in flight per worker), so
 # they read a subset of the data set sized to take --time-box seconds per
 # epoch at that bound (the "set" column); an epoch still running after 3x
@@ -594,7 +597,7 @@ def report(results, skipped, data_bytes, args):
           f'{3 * args.time_box:g} s.')
     local = next((r for r in results if r['name'] == 'local'), None)
     header = (f'{"config":<15}{"set":>6}{"ep":>3}{"samples/s":>11}'
-              f'{"vs local":>9}'
+              f'{"vs local":>9}{"bw use":>7}'
               f'{"p99 wait ms":>12}{"remote MB":>10}{"/set":>7}'
               f'{"hit %":>7}{"Belady":>7}{"LRU":>6}{"fixed":>6}'
               f'{"MB/opt":>7}{"dup dl":>7}{"disk/budget":>12}{"wrong":>6}')
@@ -611,6 +614,8 @@ def report(results, skipped, data_bytes, args):
                 epoch['samples_per_s'] / local['epochs'][e]['samples_per_s'])
             hit = '-' if epoch['hit_rate'] is None else '%.1f' % (
                 100 * epoch['hit_rate'])
+            bw_use = (epoch['remote_mb'] * epoch['samples_per_s'] /
+                      max(epoch['samples'] * args.bandwidth, 1e-9))
             first = e == 0
             offline = result.get('offline')
             if offline:
@@ -625,7 +630,7 @@ def report(results, skipped, data_bytes, args):
             print(f'{result["name"] if first else "":<15}'
                   f'{result["subset"] if first else "":>6}{e + 1:>3}'
                   f'{epoch["samples_per_s"]:>10.0f}'
-                  f'{"*" if epoch["cut"] else " "}{ratio:>9}'
+                  f'{"*" if epoch["cut"] else " "}{ratio:>9}{bw_use:>7.2f}'
                   f'{epoch["p99_wait_ms"]:>12.1f}{epoch["remote_mb"]:>10.1f}'
                   f'{epoch["remote_mb"] / set_mb:>7.2f}'
                   f'{hit:>7}{policies}{over}{epoch["duplicates"]:>7}'
