@@ -31,6 +31,8 @@ from mmdata_plugin.utils import make_demo_dataset
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 MODES = ('plain', 'monitored')
+#: Chunk order of a round: a drift in the machine's load hits both alike.
+ROUND = ('plain', 'monitored', 'monitored', 'plain')
 FETCH_PATHS = ('plain', 'untimed', 'timed')
 CASES = ('cheap', 'demo')
 
@@ -215,8 +217,7 @@ def interleaved(build: Callable[[int], DataLoader], args):
         taken['plain'] += args.warmup
         for _ in range(args.rounds):
             rates: Dict[str, List[float]] = {m: [] for m in MODES}
-            # A drift in the machine's load hits both modes alike.
-            for mode in ('plain', 'monitored', 'monitored', 'plain'):
+            for mode in ROUND:
                 cpu, start = time.process_time(), time.perf_counter()
                 n = take(iterators[mode], batches)
                 rates[mode].append(n / (time.perf_counter() - start))
@@ -265,17 +266,13 @@ def in_process(build: Callable[[int], DataLoader], args) -> dict:
     loaders = {m: build(0) for m in MODES}
     monitor = DataLoaderMonitor(loaders['monitored']).install()
     iterators = {m: iter(loader) for m, loader in loaders.items()}
-    plain, costs = [], []
     try:
         batches = chunk_size(iterators, args)
-        for _ in range(args.process_rounds):
-            per_sample = {m: 0.0 for m in MODES}
-            for mode in ('plain', 'monitored', 'monitored', 'plain'):
-                start = time.process_time()
-                n = take(iterators[mode], batches)
-                per_sample[mode] += (time.process_time() - start) / n / 2
-            plain.append(per_sample['plain'])
-            costs.append(per_sample['monitored'] - per_sample['plain'])
+        rounds = cpu_rounds(iterators, args.process_rounds,
+                            lambda iterator: take(iterator, batches))
+        plain = [per_sample['plain'] for per_sample in rounds]
+        costs = [per_sample['monitored'] - per_sample['plain']
+                 for per_sample in rounds]
         recorded = record_batches(monitor, iterators['monitored'], batches)
     finally:
         monitor.uninstall()
@@ -283,6 +280,21 @@ def in_process(build: Callable[[int], DataLoader], args) -> dict:
         plain=statistics.median(plain),
         cost=statistics.median(costs),
         records=recorded)
+
+
+def cpu_rounds(iterators: Dict[str, Iterator], rounds: int,
+               read: Callable[[Iterator], int]) -> List[Dict[str, float]]:
+    """Per round of :data:`ROUND` chunks, CPU seconds per unit of each
+    mode in this process; ``read`` reads a chunk and returns its units."""
+    results = []
+    for _ in range(rounds):
+        per_unit = {m: 0.0 for m in MODES}
+        for mode in ROUND:
+            start = time.process_time()
+            units = read(iterators[mode])
+            per_unit[mode] += (time.process_time() - start) / units / 2
+        results.append(per_unit)
+    return results
 
 
 def record_batches(monitor: DataLoaderMonitor, iterator: Iterator,
@@ -368,22 +380,21 @@ def per_batch_floor(batch_size: int, rounds: int) -> float:
     }
     monitor = DataLoaderMonitor(loaders['monitored']).install()
     iterators = {m: iter(loader) for m, loader in loaders.items()}
-    batches, costs = 500, []
+    batches = 500
+
+    def read(iterator: Iterator) -> int:
+        for _ in range(batches):
+            next(iterator)
+        return batches
+
     try:
         for iterator in iterators.values():
-            for _ in range(batches):
-                next(iterator)
-        for _ in range(rounds):
-            per_batch = {m: 0.0 for m in MODES}
-            for mode in ('plain', 'monitored', 'monitored', 'plain'):
-                start = time.process_time()
-                for _ in range(batches):
-                    next(iterators[mode])
-                per_batch[mode] += (time.process_time() - start) / batches
-            costs.append((per_batch['monitored'] - per_batch['plain']) / 2)
+            read(iterator)  # warm-up
+        rounds = cpu_rounds(iterators, rounds, read)
     finally:
         monitor.uninstall()
-    return statistics.median(costs)
+    return statistics.median(per_batch['monitored'] - per_batch['plain']
+                             for per_batch in rounds)
 
 
 def per_step(loader: DataLoader, recorded: list, repeat: int = 5) -> float:

@@ -31,10 +31,10 @@
 # in flight) over the budget, wrong samples (must be 0), and "bw use":
 # remote MB/s over the cap, i.e. samples/s over the bound the bandwidth
 # sets for the bytes this config downloads per sample (1.00 = at the
-# bound; the goal is >= 0.95 wherever samples/s is below local's). Readers without a planner are bound at
-# ranks x workers / latency samples/s (one request in flight per worker), so
-# they read a subset of the data set sized to take --time-box seconds per
-# epoch at that bound (the "set" column); an epoch still running after 3x
+# bound; the goal is >= 0.95 wherever samples/s is below local's).
+# Readers without a planner are bound at ranks x workers / latency
+# samples/s (one request in flight per worker), so they read a subset of
+# the data set sized to take --time-box seconds per epoch at that bound (the "set" column); an epoch still running after 3x
 # that is cut and marked '*' (its rate stays a measured one).
 import argparse
 import contextlib
