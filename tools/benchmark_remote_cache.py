@@ -32,10 +32,14 @@
 # remote MB/s over the cap, i.e. samples/s over the bound the bandwidth
 # sets for the bytes this config downloads per sample (1.00 = at the
 # bound; the goal is >= 0.95 wherever samples/s is below local's).
+# Below the table, each ours@ run's hit rates next to Belady's and the
+# fixed set's at the capacity its plan keeps samples in: the budget less
+# the prefetch reserve that downloads in flight and read ahead take.
 # Readers without a planner are bound at ranks x workers / latency
 # samples/s (one request in flight per worker), so they read a subset of
-# the data set sized to take --time-box seconds per epoch at that bound (the "set" column); an epoch still running after 3x
-# that is cut and marked '*' (its rate stays a measured one).
+# the data set sized to take --time-box seconds per epoch at that bound
+# (the "set" column); an epoch still running after 3x that is cut and
+# marked '*' (its rate stays a measured one).
 import argparse
 import contextlib
 import importlib.util
@@ -424,9 +428,21 @@ def run_config(name: str, args, server, work_dir: str) -> dict:
     result = summarize(name, ranks, server.download_log(), peak[0], args)
     result['subset'] = settings['subset']
     if name.startswith('ours@'):
-        result['offline'] = offline_policies(
-            osp.join(work_dir, 'trace.npy'), args.sample_sizes,
-            args.budget_bytes[name], args.epochs)
+        trace = osp.join(work_dir, 'trace.npy')
+        result['offline'] = offline_policies(trace, args.sample_sizes,
+                                             args.budget_bytes[name],
+                                             args.epochs)
+        # The plan keeps samples in the budget less the prefetch reserve
+        # (downloads in flight and read ahead count in the hard budget);
+        # the offline policies stage nothing, so they are also run at the
+        # plan's capacity: the comparison of the choices alone.
+        with open(osp.join(cache_dir, 'planner', 'status.json')) as f:
+            status = json.load(f)
+        result['reserve'] = status['reserve']
+        result['keep_capacity'] = status['keep_capacity']
+        result['offline_keep'] = offline_policies(trace, args.sample_sizes,
+                                                  status['keep_capacity'],
+                                                  args.epochs)
     return result
 
 
@@ -637,6 +653,29 @@ def report(results, skipped, data_bytes, args):
                   f'{disk if e == 0 else "":>12}{epoch["wrong"]:>6}')
     for name, reason in skipped.items():
         print(f'{name:<15} {reason}')
+    report_keep_capacity(results, args)
+
+
+def report_keep_capacity(results, args):
+    """Our hit rates next to the offline policies' at the capacity the
+    plan keeps samples in (the budget less the prefetch reserve)."""
+    ours = [r for r in results if 'keep_capacity' in r]
+    if not ours:
+        return
+    print('\nAt the plan\'s capacity (budget - prefetch reserve, which holds '
+          'the downloads in flight and read ahead), epoch by epoch:')
+    for result in ours:
+        budget = args.budget_bytes[result['name']]
+        offline = result['offline_keep']
+        rates = '; '.join(
+            f'ep {e + 1}: hit {100 * epoch["hit_rate"]:.1f} / Belady '
+            f'{100 * offline["belady_bypass"][e]["hit_rate"]:.1f} / fixed '
+            f'{100 * offline["fixed_set"][e]["hit_rate"]:.1f}'
+            for e, epoch in enumerate(result['epochs']))
+        print(f'{result["name"]:<15} reserve '
+              f'{result["reserve"] / 1e6:.1f} MB '
+              f'({100 * result["reserve"] / budget:.1f}% of the budget), '
+              f'capacity {result["keep_capacity"] / 1e6:.1f} MB: {rates}')
 
 
 if __name__ == '__main__':

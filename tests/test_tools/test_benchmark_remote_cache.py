@@ -7,14 +7,15 @@ from helpers import REPO_ROOT
 from mmdata_plugin.testing import cpu_env, run_command
 
 
-def test_harness_measures_a_remote_reader(tmp_path):
-    # One measured configuration (each costs a torchrun start) and one
+def test_harness_measures_remote_readers(tmp_path):
+    # Two measured configurations (each costs a torchrun start) and one
     # reported as not installable.
     out = run_command([
         sys.executable, f'{REPO_ROOT}/tools/benchmark_remote_cache.py',
         '--samples', '120', '--sample-kb', '4', '--latency', '0.01',
         '--epochs', '2', '--workers', '1', '--batch-size', '8',
-        '--configs', 'remote_http,litdata', '--time-box', '30',
+        '--configs', 'remote_http,litdata,ours', '--budgets', '50',
+        '--time-box', '30',
         '--work-dir',
         str(tmp_path)
     ],
@@ -22,7 +23,7 @@ def test_harness_measures_a_remote_reader(tmp_path):
                       timeout=600).stdout
     saved = json.loads((tmp_path / 'results.json').read_text())
     results = {r['name']: r for r in saved['results']}
-    assert set(results) == {'remote_http'}
+    assert set(results) == {'remote_http', 'ours@50%'}
     assert 'litdata' in saved['skipped'] and '\nlitdata ' in out
     for name, result in results.items():
         for epoch in result['epochs']:
@@ -34,3 +35,17 @@ def test_harness_measures_a_remote_reader(tmp_path):
         # Uncached: every sample downloaded once per epoch, nothing twice.
         assert epoch['downloads'] == 120 and epoch['duplicates'] == 0
         assert epoch['hit_rate'] == 0.0
+    # The node cache: epoch 2 reads what epoch 1 kept, and is compared
+    # with the offline policies at the budget and at the capacity its plan
+    # keeps samples in (the budget less the prefetch reserve).
+    ours = results['ours@50%']
+    budget = saved['data_bytes'] // 2
+    assert ours['reserve'] + ours['keep_capacity'] == budget
+    assert 0 < ours['epochs'][1]['hit_rate'] < 1
+    assert ours['epochs'][1]['duplicates'] == 0
+    for offline in (ours['offline'], ours['offline_keep']):
+        assert offline['belady_bypass'][0]['hit_rate'] == 0
+        assert 0 < offline['fixed_set'][1]['hit_rate'] < 1
+    assert (ours['offline_keep']['belady_bypass'][1]['hit_rate'] <
+            ours['offline']['belady_bypass'][1]['hit_rate'])
+    assert "At the plan's capacity" in out and '\nours@50%' in out
