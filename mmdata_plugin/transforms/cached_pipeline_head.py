@@ -129,7 +129,8 @@ class CachedPipelineHead(BaseTransform):
 
     Key of an entry: the image file's path, size and modification time (or
     size and ETag from the storage backend's ``stat(path)`` for remote
-    paths, as mmdata_plugin's S3/HTTP backends give), a digest of the
+    paths, as mmdata_plugin's S3/HTTP backends give; or the URL alone with
+    ``check_remote_source=False``), a digest of the
     other input keys (so changed annotations are a miss; ``sample_idx`` is
     left out), and a fingerprint of the inner transforms' configs, the
     storage settings and the mmcv/OpenCV versions.
@@ -156,6 +157,14 @@ class CachedPipelineHead(BaseTransform):
             deterministic.
         png_compression (int): PNG compression level 0-9. Defaults to 1
             (fast; higher levels save little on photos).
+        check_remote_source (bool): Ask the remote for a remote image's
+            size and ETag at every read (one HEAD request per sample and
+            epoch, no download), so an object changed under its URL is a
+            miss. False keys remote entries by the URL alone: a hit makes
+            no request at all, and an object changed under the same URL
+            keeps being served from its old entry; for write-once data
+            (versioned buckets, content-addressed names). Local files are
+            always checked. Defaults to True.
     """
 
     def __init__(self,
@@ -166,7 +175,8 @@ class CachedPipelineHead(BaseTransform):
                  quality: int = 95,
                  max_side: Optional[int] = None,
                  deterministic_types: Sequence[str] = (),
-                 png_compression: int = 1) -> None:
+                 png_compression: int = 1,
+                 check_remote_source: bool = True) -> None:
         if storage not in CODECS:
             raise ValueError(f'CachedPipelineHead.storage must be one of '
                              f'{CODECS}, got {storage!r}')
@@ -185,6 +195,7 @@ class CachedPipelineHead(BaseTransform):
         self.quality = quality
         self.max_side = max_side
         self.png_compression = png_compression
+        self.check_remote_source = check_remote_source
         self.backend_args = _loader_backend_args(transforms)
         self.fingerprint = _digest(
             dict(version=ENTRY_VERSION, transforms=transforms,
@@ -221,6 +232,10 @@ class CachedPipelineHead(BaseTransform):
             path, backend_args=self.backend_args, enable_singleton=True)
         if type(backend).__name__ == 'LocalBackend':
             return _local_source(path)
+        if not self.check_remote_source:
+            # The user's word that the object never changes: the round trip
+            # a stat costs is what a hit would otherwise wait for.
+            return f'{path}|unchecked'
         stat = getattr(backend, 'stat', None)
         # mmdata_plugin's remote backends: stat(path) -> size and ETag
         found = stat(path) if callable(stat) else None

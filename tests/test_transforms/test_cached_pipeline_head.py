@@ -257,3 +257,35 @@ def test_remote_source_keyed_by_backend_stat_etag(tmp_path):
     with pytest.raises(ValueError, match='gives no ETag'):
         head.sample_key(dict(img_path='h12stat://bucket/a.jpg'))
     del StatBackend
+
+
+@pytest.mark.parametrize('check', [True, False])
+def test_remote_source_check_and_its_opt_out(tmp_path, check):
+    from mmdata_plugin.testing import LoopbackHTTPServer
+    _write_images(tmp_path, count=3)
+    loader = dict(type='LoadImageFromFile',
+                  backend_args=dict(backend='remote_http'))
+    head = _head(tmp_path, transforms=[loader],
+                 check_remote_source=check)
+    with LoopbackHTTPServer(str(tmp_path)) as server:
+        urls = [server.url(f'img{i}.jpg') for i in range(3)]
+
+        def epoch():
+            before = server.stats()
+            imgs = [head(dict(img_path=url))['img'] for url in urls]
+            after = server.stats()
+            return imgs, (after.get_requests - before.get_requests,
+                          after.head_requests - before.head_requests)
+
+        first, requests = epoch()
+        # One download per image; with the check, a stat per read too.
+        assert requests == (3, 3 if check else 0)
+        second, requests = epoch()
+        assert requests == (0, 3 if check else 0)
+        assert all(np.array_equal(a, b) for a, b in zip(first, second))
+        # An object changed under its URL: a miss with the check; without
+        # it, the old entry (the documented price of the opt-out).
+        server.put('img0.jpg', encode_jpeg(camera_like_image(320, 240, 7), 90))
+        third, requests = epoch()
+        assert requests == ((1, 3) if check else (0, 0))
+        assert np.array_equal(third[0], first[0]) is not check
