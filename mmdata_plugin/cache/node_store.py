@@ -293,16 +293,17 @@ class NodeStore:
     def _claim_directory(self) -> bool:
         """Make ``cache_dir`` a store; True if its ledger does not exist yet.
 
-        The marker is created before anything else, so a concurrent opener
-        sees either an empty directory or the marker, never our own subdirs
-        without it.
+        The marker is created before anything else. A concurrent opener
+        may still find no marker, then list the directory after the other
+        one created the marker and its subdirs: the marker is looked for
+        again before the contents count as foreign.
         """
         os.makedirs(self.cache_dir, exist_ok=True)
         marker = os.path.join(self.cache_dir, MARKER)
         if not os.path.isfile(marker):
             foreign = sorted(name for name in os.listdir(self.cache_dir)
                              if name != MARKER)
-            if foreign:
+            if foreign and not os.path.isfile(marker):
                 shown = ', '.join(foreign[:5]) + (', ...'
                                                   if len(foreign) > 5 else '')
                 raise ValueError(
@@ -626,14 +627,16 @@ class NodeStore:
             raise CacheBudgetError(
                 f'{format_size(nbytes)} cannot fit in cache_limit='
                 f'{format_size(self.limit)} of {self.cache_dir}')
-        victims = []
+        victims = {}
         freed = 0
         if evict:
             for namespace, key in self.eviction_policy(missing):
                 row = self._ledger.entry(self._digest(namespace, key))
-                if row is None:
+                # A policy may name an entry twice (two samples that read
+                # one file): its bytes are freed once.
+                if row is None or row.digest in victims:
                     continue
-                victims.append(row)
+                victims[row.digest] = row
                 freed += row.size
                 if freed >= missing:
                     break
@@ -643,7 +646,7 @@ class NodeStore:
                 f'{format_size(used)} of {format_size(self.limit)} are '
                 f'committed or in flight and eviction frees only '
                 f'{format_size(freed)}')
-        for row in victims:
+        for row in victims.values():
             self._evict_row(row)
 
     def _evict_row(self, row: EntryRow) -> int:

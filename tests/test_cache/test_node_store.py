@@ -225,6 +225,37 @@ def test_refuses_foreign_directory(tmp_path):
     NodeStore(str(empty), '1MB')  # already a store
 
 
+def test_opener_racing_another_on_a_new_directory(tmp_path, monkeypatch):
+    # Ranks open a new cache_dir together: one finds no marker, then lists
+    # the directory after the other created the marker and its subdirs.
+    cache_dir = tmp_path / 'new'
+    cache_dir.mkdir()
+    listdir = os.listdir
+
+    def other_opener_first(path):
+        monkeypatch.setattr(os, 'listdir', listdir)
+        NodeStore(str(cache_dir), '1MB')
+        return listdir(path)
+
+    monkeypatch.setattr(os, 'listdir', other_opener_first)
+    NodeStore(str(cache_dir), '1MB')
+    assert os.listdir is listdir  # the other opener did run in between
+
+
+def test_a_victim_named_twice_is_freed_once(tmp_path):
+    # Two samples that read one file: the plan's policy may name it twice.
+    store = NodeStore(str(tmp_path / 'store'), 1000)
+    store.publish_bytes('remote', 'a', _payload('a', 400))
+    store.publish_bytes('remote', 'b', _payload('b', 400))
+    store.eviction_policy = lambda nbytes: iter([('remote', 'a'),
+                                                 ('remote', 'a'),
+                                                 ('remote', 'b')])
+    with store.reserve(700):
+        usage = store.usage()
+        assert usage.committed_bytes + usage.inflight_bytes <= 1000
+    assert store.lookup('remote', 'b') is None
+
+
 def test_lru_eviction_and_custom_policy(tmp_path):
     store = NodeStore(str(tmp_path / 'store'), 3000)
     for key in 'abc':
