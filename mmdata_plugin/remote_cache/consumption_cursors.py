@@ -12,9 +12,14 @@ from typing import List, NamedTuple, Optional
 
 import numpy as np
 
-# token, epoch, consumed, sequence (incremented last: a reader that sees
-# the same sequence before and after reading has a consistent record).
+# token, epoch, consumed, sequence. The sequence is a seqlock: odd while a
+# record is being written, even once it is whole, so a reader that sees the
+# same even sequence before and after reading has a consistent record (a
+# torn one, e.g. the new epoch with the old count, would put the planner a
+# whole epoch ahead).
 _FIELDS = 4
+# Reads of a record being rewritten before the last whole one is used.
+_READ_TRIES = 100
 
 
 class Cursor(NamedTuple):
@@ -47,6 +52,7 @@ class CursorWriter:
 
     def publish(self, epoch: int, consumed: int) -> None:
         values = self._values
+        values[3] += 1
         values[0] = self._token
         values[1] = epoch
         values[2] = consumed
@@ -72,6 +78,7 @@ class CursorReader:
         ]
         self._token = token
         self._maps: List[Optional[np.memmap]] = [None] * len(ranks)
+        self._last: List[Optional[Cursor]] = [None] * len(ranks)
 
     def _read(self, slot: int) -> Optional[Cursor]:
         values = self._maps[slot]
@@ -82,17 +89,21 @@ class CursorReader:
             except (FileNotFoundError, ValueError):
                 return None
             self._maps[slot] = values
-        for _ in range(100):
+        for _ in range(_READ_TRIES):
             sequence = int(values[3])
             record = values[:3].tolist()
-            if sequence == int(values[3]):
+            if sequence % 2 == 0 and sequence == int(values[3]):
                 break
+        else:
+            # Rewritten all along: its last whole record.
+            return self._last[slot]
         if record[0] != self._token or sequence == 0:
             # Not written by this run yet; a writer re-creates the file
             # when it starts, so map it again next time.
             self._maps[slot] = None
             return None
-        return Cursor(record[1], record[2])
+        self._last[slot] = Cursor(record[1], record[2])
+        return self._last[slot]
 
     def read(self) -> Optional[List[Cursor]]:
         """Every rank's position, or None until all ranks published one."""
