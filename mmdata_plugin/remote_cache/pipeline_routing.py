@@ -66,6 +66,20 @@ class SampleFiles:
         self.dataset = dataset
         self.path_keys = tuple(path_keys)
 
+    def check_keys(self, where: str, probes: int = 16) -> None:
+        """Raise when none of the first ``probes`` samples has a file
+        under the path keys (keys that do not match the dataset would
+        leave nothing to prefetch), naming the keys the samples have."""
+        count = min(probes, len(self.dataset))
+        if count == 0 or any(self(sample) for sample in range(count)):
+            return
+        keys = sorted(self.dataset.get_data_info(0))
+        raise ValueError(
+            f'{where}={list(self.path_keys)}: none of the first {count} '
+            f'samples has a file path (a str) under these keys; sample 0 '
+            f'has the keys {keys}. Name the keys that hold the paths of '
+            'the files a sample reads.')
+
     def __call__(self, sample: int) -> List[str]:
         info = self.dataset.get_data_info(sample)
         return [

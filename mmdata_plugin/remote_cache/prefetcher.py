@@ -114,9 +114,10 @@ class NodePrefetcher:
         self._reads: Dict[int, int] = {}
         self._releases: list = []
         # Files of the samples the plan has on its books (read ahead or
-        # kept), and the sample of each file's digest.
+        # kept), and the samples booking each file's digest (samples may
+        # share a file: one per person of a picture, a repeated dataset).
         self._urls: Dict[int, List[str]] = {}
-        self._booked: Dict[str, int] = {}
+        self._booked: Dict[str, set] = {}
         # Digests of files a reader read before the plan decided their
         # tick (a reader ahead of the plan downloads on demand), oldest
         # first.
@@ -233,15 +234,33 @@ class NodePrefetcher:
         urls = self._urls.get(sample)
         if urls is None:
             urls = self._urls[sample] = list(self.sample_urls(sample))
+            if not urls:
+                # Reads no file (its path keys are empty): nothing to
+                # download or keep.
+                self._sizes[sample] = 0
             for url in urls:
-                self._booked[self._digest(url)] = sample
+                holders = self._booked.setdefault(self._digest(url), set())
+                holders.add(sample)
+                if len(holders) > 1:
+                    # Another sample's read must not free it.
+                    self._unmark(url)
         return urls
 
     def _unbook(self, sample: int) -> List[str]:
-        urls = self._urls.pop(sample)
-        for url in urls:
-            self._booked.pop(self._digest(url), None)
-        return urls
+        """Take ``sample`` off the books; its files no other booked
+        sample reads."""
+        gone = []
+        for url in self._urls.pop(sample):
+            digest = self._digest(url)
+            holders = self._booked.get(digest, set())
+            holders.discard(sample)
+            if not holders:
+                self._booked.pop(digest, None)
+                gone.append(url)
+        return gone
+
+    def _shared(self, url: str) -> bool:
+        return len(self._booked.get(self._digest(url), ())) > 1
 
     def _stage(self, url: str, nbytes: int) -> None:
         if url not in self._staged:
@@ -273,6 +292,9 @@ class NodePrefetcher:
         urls = self._urls.get(sample)
         if urls is None:
             return []
+        if not urls:
+            return [] if sample in self.planner.cache.until else \
+                self._unbook(sample)
         reads = self._reads.get(sample, 0)
         kept = sample in self.planner.cache.until
         if kept or not reads:
@@ -285,7 +307,7 @@ class NodePrefetcher:
         share = self.size_of(sample) // len(urls)
         for url in urls:
             self._stage(url, share)
-            if reads == 1:
+            if reads == 1 and not self._shared(url):
                 self._mark(sample, url)
             else:
                 self._unmark(url)
@@ -382,11 +404,22 @@ class NodePrefetcher:
                     recent.append(row.key)
                 else:
                     yield NAMESPACE, row.key
-        for sample in kept:
-            for url in self._urls.get(sample, ()):
-                yield NAMESPACE, url
+        yield from self._files_of_kept(kept)
         for url in recent:
             yield NAMESPACE, url
+
+    def _files_of_kept(self, kept: List[int]):
+        """The files of the ``kept`` samples, each once, and none that a
+        booked sample outside ``kept`` reads (a shared file)."""
+        evictable, seen = set(kept), set()
+        for sample in kept:
+            for url in self._urls.get(sample, ()):
+                with self._lock:
+                    holders = self._booked.get(self._digest(url), set())
+                    wanted = url not in seen and holders <= evictable
+                if wanted:
+                    seen.add(url)
+                    yield NAMESPACE, url
 
     # -- window and concurrency ---------------------------------------------
 

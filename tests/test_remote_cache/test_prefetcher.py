@@ -41,8 +41,8 @@ def make_stream(count, world_size=1):
 
 
 def build(tmp_path, count=120, limit=40 * SIZE, reserve=10 * SIZE,
-          readahead=8, epochs=3, token=1, start_stream=None):
-    urls = make_source(str(tmp_path / 'remote'), count)
+          readahead=8, epochs=3, token=1, start_stream=None, urls=None):
+    urls = urls or make_source(str(tmp_path / 'remote'), count)
     cache_dir = str(tmp_path / 'cache')
     store = NodeStore(cache_dir, limit)
     stream = start_stream or make_stream(count)
@@ -74,9 +74,9 @@ def consume(prefetcher, writer, urls, cache_dir, limit, start, stop, batch=4,
             time.sleep(0.001)
             prefetcher.poll()
         for sample in stream.ids(tick, min(tick + batch, stop)).tolist():
-            (url, ) = urls(sample)
-            with open(url, 'rb') as file:
-                assert backend.get(url) == file.read()
+            for url in urls(sample):
+                with open(url, 'rb') as file:
+                    assert backend.get(url) == file.read()
         usage = prefetcher.store.usage()
         peak = max(peak, usage.committed_bytes + usage.inflight_bytes)
     epoch, offset = divmod(stop, stream.epoch_ticks)
@@ -112,6 +112,32 @@ def test_plan_is_followed_within_the_budget_and_without_duplicates(tmp_path):
     assert counts[READS]['hits'] >= offline.hits
     # Nothing the plan does not need is left once training is over.
     assert prefetcher.store.usage().committed_bytes <= limit
+
+
+def test_samples_sharing_a_file_or_reading_none(tmp_path):
+    # Two sample ids per file (a repeated dataset, one sample per person of
+    # a picture), and samples whose path keys hold no file.
+    files = make_source(str(tmp_path / 'remote'), 60)
+
+    def urls(sample):
+        return [] if sample % 7 == 3 else files(sample % 60)
+
+    prefetcher, writer, urls, cache_dir, limit = build(tmp_path, urls=urls)
+    half = prefetcher.stop // 2
+    peak = consume(prefetcher, writer, urls, cache_dir, limit, 0, half)
+    # Each file is named once for eviction, and none that a sample still
+    # on the books reads soon.
+    victims = [url for _, url in prefetcher.victims()]
+    assert len(victims) == len(set(victims))
+    peak = max(peak, consume(prefetcher, writer, urls, cache_dir, limit,
+                             half, prefetcher.stop))
+    prefetcher.close()
+    assert peak <= limit
+    # No file a kept sample shares is evicted when another sample that
+    # reads it is dropped; the readers found every read downloaded ahead.
+    assert prefetcher.stats['refetched'] == 0
+    assert prefetcher.stats['failed'] == 0
+    assert prefetcher.store.counters()[READS]['misses'] == 0
 
 
 def test_files_read_ahead_are_freed_at_their_read(tmp_path):

@@ -240,14 +240,16 @@ class RemoteCachePrefetchHook(Hook):
         workers = loader.num_workers
         batches_ahead = workers * (loader.prefetch_factor or 2) + 2 \
             if workers else 2
+        sample_urls = SampleFiles(_base_dataset(loader.dataset),
+                                  self.path_keys)
+        sample_urls.check_keys('RemoteCachePrefetchHook.path_keys')
         spec = PrefetchSpec(
             cache_dir=self._args['cache_dir'],
             cache_limit=limit,
             remote=self._args.get('remote'),
             size_hint=int(self._args.get('size_hint', 0)),
             stream=stream,
-            sample_urls=SampleFiles(_base_dataset(loader.dataset),
-                                    self.path_keys),
+            sample_urls=sample_urls,
             ranks=list(range(stream.first_rank,
                              stream.first_rank + stream.local_ranks)),
             token=self._token,
