@@ -30,6 +30,9 @@ class RemoteIOError(OSError):
     def __reduce__(self):
         # Errors raised in DataLoader workers cross to the main process by
         # pickle; keep (url, reason) rather than OSError's (errno, strerror).
+        # One re-raised from a worker holds only its message.
+        if self.reason is None:
+            return type(self), (self.args[0], )
         return type(self), (self.url, self.reason)
 
 

@@ -26,6 +26,7 @@ from mmengine.fileio import get_file_backend
 from mmengine.fileio.backends import BaseStorageBackend, register_backend
 
 from ..cache.node_store import NodeStore, StoreEntry
+from ..remote.errors import RemoteIOError
 from .read_once import ReadOnceMarks
 
 #: Store namespace of downloaded files.
@@ -36,6 +37,8 @@ READS = 'remote_reads'
 VICTIMS_FILE = os.path.join('planner', 'victims.txt')
 #: A victims file older than this is a dead prefetcher's.
 VICTIMS_MAX_AGE = 10.0
+#: Reads of a file evicted between its lookup and its open.
+_EVICTED_RETRIES = 3
 
 
 class PlannedEviction:
@@ -206,14 +209,16 @@ class NodeCacheBackend(BaseStorageBackend):
 
     def get(self, filepath) -> bytes:
         """The file's bytes (from the node cache when it holds them)."""
-        for attempt in range(3):
+        for attempt in range(_EVICTED_RETRIES):
             try:
                 with self._local(filepath) as path:
                     with open(path, 'rb') as file:
                         return file.read()
+            except RemoteIOError:
+                raise  # the remote's answer (a 404 is final)
             except FileNotFoundError:
                 # Evicted between lookup and open: fetch it again.
-                if attempt == 2:
+                if attempt == _EVICTED_RETRIES - 1:
                     raise
 
     def get_text(self, filepath, encoding: str = 'utf-8') -> str:

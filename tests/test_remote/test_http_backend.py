@@ -147,3 +147,18 @@ def test_pickles_without_its_connections():
         assert clone.get(srv.url('a')) == b'abc'
         assert clone.stat(srv.url('a')) == RemoteStat(3, backend.stat(
             srv.url('a')).etag)
+
+
+@pytest.mark.parametrize('args', [
+    ('http://h/a.jpg', 'remote object not found (HTTP 404)'),
+    # as a DataLoader re-raises a worker's error: its message alone
+    ('Caught RemoteNotFoundError in DataLoader worker process 0.\n'
+     'Traceback ...: http://h/a.jpg', ),
+])
+def test_errors_survive_pickling(args):
+    from mmdata_plugin.remote.errors import RemoteNotFoundError
+    error = RemoteNotFoundError(*args)
+    clone = pickle.loads(pickle.dumps(error))
+    assert type(clone) is RemoteNotFoundError
+    assert (str(clone), clone.url, clone.reason) == (str(error), error.url,
+                                                     error.reason)
