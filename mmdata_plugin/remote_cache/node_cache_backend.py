@@ -26,7 +26,6 @@ from mmengine.fileio import get_file_backend
 from mmengine.fileio.backends import BaseStorageBackend, register_backend
 
 from ..cache.node_store import NodeStore, StoreEntry
-from ..remote.errors import RemoteIOError
 from .read_once import ReadOnceMarks
 
 #: Store namespace of downloaded files.
@@ -79,6 +78,24 @@ class PlannedEviction:
         for namespace, key in self.store.least_recently_used(nbytes):
             if namespace != NAMESPACE or key not in listed:
                 yield namespace, key
+
+
+@contextlib.contextmanager
+def _pinned(path: str) -> Iterator[Optional[str]]:
+    """A path to ``path``'s file that stays valid while in the block
+    (None if the file is gone already). The store may evict (unlink) a
+    file between a lookup and the caller's open; an open descriptor keeps
+    its inode, and Linux's ``/proc/self/fd`` opens it again by name."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        yield None
+        return
+    try:
+        by_fd = f'/proc/self/fd/{fd}'
+        yield by_fd if os.path.exists(by_fd) else path
+    finally:
+        os.close(fd)
 
 
 class DownloadNotWanted(Exception):
@@ -188,38 +205,42 @@ class NodeCacheBackend(BaseStorageBackend):
 
     @contextlib.contextmanager
     def _local(self, filepath) -> Iterator[str]:
-        """A local path holding ``filepath``'s bytes while in the block;
-        once read, a file the plan does not keep may go."""
+        """A local path holding ``filepath``'s bytes while in the block,
+        even if the store evicts the file meanwhile; once read, a file the
+        plan does not keep may go."""
         url = str(filepath)
-        path = self.store.lookup(NAMESPACE, url)
-        if path is not None:
-            self.store.count(READS, 'hits')
-            yield path
-            self.marks.report_read(os.path.basename(path))
-            return
-        start = time.perf_counter()
-        with self.reader.fetch(url) as entry:
-            self.store.count(READS, 'misses')
-            self.store.count(READS, 'wait_us',
-                             (time.perf_counter() - start) * 1e6)
-            yield entry.path
-            if entry.admitted:
-                self.marks.report_read(os.path.basename(entry.path),
-                                       waited=True)
+        for _ in range(_EVICTED_RETRIES):
+            path = self.store.lookup(NAMESPACE, url)
+            if path is not None:
+                with _pinned(path) as pinned:
+                    if pinned is not None:
+                        self.store.count(READS, 'hits')
+                        yield pinned
+                        self.marks.report_read(os.path.basename(path))
+                        return
+            start = time.perf_counter()
+            with self.reader.fetch(url) as entry, \
+                    _pinned(entry.path) as pinned:
+                if pinned is None:
+                    continue  # evicted as soon as it was published
+                self.store.count(READS, 'misses')
+                self.store.count(READS, 'wait_us',
+                                 (time.perf_counter() - start) * 1e6)
+                yield pinned
+                if entry.admitted:
+                    self.marks.report_read(os.path.basename(entry.path),
+                                           waited=True)
+                return
+        raise FileNotFoundError(
+            f'{url}: its node cache copy was evicted before it could be '
+            f'opened, {_EVICTED_RETRIES} times (cache_limit too small for '
+            'the files read at once?)')
 
     def get(self, filepath) -> bytes:
         """The file's bytes (from the node cache when it holds them)."""
-        for attempt in range(_EVICTED_RETRIES):
-            try:
-                with self._local(filepath) as path:
-                    with open(path, 'rb') as file:
-                        return file.read()
-            except RemoteIOError:
-                raise  # the remote's answer (a 404 is final)
-            except FileNotFoundError:
-                # Evicted between lookup and open: fetch it again.
-                if attempt == _EVICTED_RETRIES - 1:
-                    raise
+        with self._local(filepath) as path:
+            with open(path, 'rb') as file:
+                return file.read()
 
     def get_text(self, filepath, encoding: str = 'utf-8') -> str:
         return self.get(filepath).decode(encoding)
