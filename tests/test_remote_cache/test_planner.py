@@ -345,3 +345,36 @@ def test_iteration_loop_stop_spans_epochs_of_different_lengths(
     expected = stream.epoch_start(epoch) + sum(map(len, batches[:left]))
     assert iteration_stop(stream, max_iters, 3, drop_last) == (expected,
                                                                epoch + 1)
+
+
+@pytest.mark.parametrize('drop_last', [False, True])
+def test_stock_iteration_loop_positions_follow_the_epochs(drop_last):
+    # mmengine's IterBasedTrainLoop over an epoch sampler: runner.epoch
+    # stays 0 and batch_idx counts every iteration; the position each rank
+    # publishes must still be the tick the loop has read up to.
+    from types import SimpleNamespace
+
+    from mmengine.runner import IterBasedTrainLoop
+
+    from mmdata_plugin.engine.hooks import RemoteCachePrefetchHook
+    (sampler, ) = _samplers(GrowingWindowSampler, 23, 1, initial=5,
+                            growth=4, capacity=13)
+    batch_sampler = BatchSampler(sampler, 3, drop_last)
+    stream = NodeStream(sample_order_of(batch_sampler, 1), 1, 0, 1)
+    hook = RemoteCachePrefetchHook()
+    hook._loader = SimpleNamespace(batch_size=3, batch_sampler=batch_sampler)
+    hook._node_stream, hook._infinite = stream, False
+    loop = object.__new__(IterBasedTrainLoop)
+    iteration = 0
+    for epoch in range(5):
+        sampler.set_epoch(epoch)
+        read = 0
+        for batch in BatchSampler(sampler, 3, drop_last):
+            read += len(batch)
+            runner = SimpleNamespace(train_loop=loop, epoch=0,
+                                     iter=iteration)
+            published = hook._consumed(runner, iteration)
+            assert stream.tick_of(*published) == \
+                stream.epoch_start(epoch) + read, (epoch, iteration)
+            iteration += 1
+    assert iteration > 12  # five epochs of a growing window

@@ -37,26 +37,42 @@ def node_ranks() -> tuple:
     return int(local_rank), int(local_size)
 
 
-def iteration_stop(stream: NodeStream, max_iters: int, batch_size: int,
-                   drop_last: bool) -> tuple:
-    """``(stop tick, epochs)`` of an iteration-based loop over an order with
-    epoch ends: mmengine's infinite iterator restarts the DataLoader at
-    each, so ``max_iters`` batches span epochs of ``ceil`` (``floor`` with
-    ``drop_last``) ``per-rank positions / batch_size`` batches each."""
-    world_size, remaining, epoch = stream.world_size, max_iters, 0
+def iteration_position(stream: NodeStream, iters: int, batch_size: int,
+                       drop_last: bool) -> tuple:
+    """``(epoch, global samples consumed in it)`` after ``iters`` batches
+    of an iteration-based loop over an order with epoch ends: mmengine's
+    infinite iterator restarts the DataLoader at each, so an epoch spans
+    ``ceil`` (``floor`` with ``drop_last``) ``per-rank positions /
+    batch_size`` batches."""
+    world_size, remaining, epoch = stream.world_size, iters, 0
     while True:
         per_rank = stream.order.epoch_length(epoch) // world_size
         batches = (per_rank // batch_size
                    if drop_last else -(-per_rank // batch_size))
         if remaining <= batches:
-            consumed = remaining * batch_size * world_size
-            return stream.tick_of(epoch, consumed), epoch + 1
+            return epoch, remaining * batch_size * world_size
         remaining -= batches
         epoch += 1
-        if epoch > max_iters and not batches:
+        if epoch > iters and not batches:
             raise ValueError(
                 f'the train sampler yields no batch of {batch_size} in '
                 f'epochs up to {epoch}')
+
+
+def iteration_stop(stream: NodeStream, max_iters: int, batch_size: int,
+                   drop_last: bool) -> tuple:
+    """``(stop tick, epochs)`` of an iteration-based loop of ``max_iters``
+    batches over an order with epoch ends (see
+    :func:`iteration_position`)."""
+    epoch, consumed = iteration_position(stream, max_iters, batch_size,
+                                         drop_last)
+    return stream.tick_of(epoch, consumed), epoch + 1
+
+
+def _drop_last(loader) -> bool:
+    inner = getattr(loader.batch_sampler, 'batch_sampler',
+                    loader.batch_sampler)
+    return bool(getattr(inner, 'drop_last', False))
 
 
 def _base_dataset(dataset):
@@ -138,6 +154,7 @@ class RemoteCachePrefetchHook(Hook):
         self._writer: Optional[CursorWriter] = None
         self._loader = None
         self._infinite: Optional[bool] = None
+        self._node_stream: Optional[NodeStream] = None
 
     # -- setup ----------------------------------------------------------------
 
@@ -209,6 +226,12 @@ class RemoteCachePrefetchHook(Hook):
         per_batch = self._loader.batch_size * world_size
         if self._infinite:
             return 0, (runner.iter + 1) * per_batch
+        if isinstance(loop, IterBasedTrainLoop):
+            # runner.epoch stays 0 and batch_idx counts every iteration,
+            # while the DataLoader restarts at each epoch end.
+            return iteration_position(self._node_stream, runner.iter + 1,
+                                      self._loader.batch_size,
+                                      _drop_last(self._loader))
         return runner.epoch, (batch_idx + 1) * per_batch
 
     def _start_prefetcher(self, runner, stream: NodeStream) -> None:
@@ -222,11 +245,9 @@ class RemoteCachePrefetchHook(Hook):
                                    world_size)
         else:
             if isinstance(loop, IterBasedTrainLoop):
-                inner = getattr(loader.batch_sampler, 'batch_sampler',
-                                loader.batch_sampler)
-                stop, epochs = iteration_stop(
-                    stream, loop.max_iters, loader.batch_size,
-                    bool(getattr(inner, 'drop_last', False)))
+                stop, epochs = iteration_stop(stream, loop.max_iters,
+                                              loader.batch_size,
+                                              _drop_last(loader))
             else:
                 stop = stream.epoch_start(loop.max_epochs)
                 epochs = loop.max_epochs
@@ -276,7 +297,7 @@ class RemoteCachePrefetchHook(Hook):
         if self._infinite is None:
             # The loops position (and reseed) the sampler before the first
             # batch: only now is the order final.
-            stream = self._stream()
+            stream = self._node_stream = self._stream()
             self._infinite = stream.endless
             if node_ranks()[0] == 0:
                 self._start_prefetcher(runner, stream)
