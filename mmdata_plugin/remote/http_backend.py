@@ -83,6 +83,9 @@ class HTTPRemoteBackend(RemoteBackend):
                 decode_content=False,
                 enforce_content_length=True)
         except MaxRetryError as error:
+            if isinstance(error.reason, urllib3.exceptions.ResponseError):
+                # A redirect loop: the same chain on every try.
+                raise RemoteIOError(url, f'{error.reason}') from None
             raise _classify(url, error.reason or error) from None
         except Urllib3Error as error:
             raise _classify(url, error) from None

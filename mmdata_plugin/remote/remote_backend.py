@@ -169,7 +169,7 @@ class RemoteBackend(BaseStorageBackend):
             try:
                 _check_expected(url, body, expect or progress.stat)
                 if progress.stat is None:
-                    progress.stat = RemoteStat(body.size, body.etag)
+                    progress.stat = _first_answer(body, expect)
                 self._copy(url, body, progress, fileobj)
                 complete = True
             finally:
@@ -209,6 +209,12 @@ class RemoteBackend(BaseStorageBackend):
                 raise RetryableError(
                     f'truncated body: {received} of {body.length} bytes, '
                     f'ended at byte {progress.position} of {needed}')
+            if progress.position > needed:
+                # A body of unannounced length (chunked) beyond the size
+                # expected of the object.
+                raise RemoteChangedError(
+                    url, f'the remote object changed: more than the '
+                    f'expected {needed} bytes')
         elif body.length is not None and received != body.length:
             raise RetryableError(
                 f'truncated body: {received} of {body.length} bytes')
@@ -303,11 +309,22 @@ class _Progress:
         return (self.position, needed - self.position)
 
 
+def _first_answer(body: RemoteBody,
+                  expect: Optional[RemoteStat]) -> RemoteStat:
+    """Size and ETag of the object as first served; a body sent without
+    its length (chunked) takes the expected size, so that a cut body is
+    still seen and resumed."""
+    if body.size < 0 and expect is not None:
+        return RemoteStat(expect.size, body.etag or expect.etag)
+    return RemoteStat(body.size, body.etag)
+
+
 def _check_expected(url: str, body: RemoteBody,
                     expect: Optional[RemoteStat]) -> None:
     if expect is None:
         return
-    if body.size != expect.size:
+    # A chunked body announces no size: only its length can tell.
+    if body.size >= 0 and body.size != expect.size:
         raise RemoteChangedError(
             url, f'the remote object changed: {body.size} bytes instead of '
             f'the expected {expect.size}')

@@ -1,5 +1,7 @@
+import http.server
 import io
 import pickle
+import threading
 
 import pytest
 from mmengine import fileio
@@ -162,3 +164,64 @@ def test_errors_survive_pickling(args):
     assert type(clone) is RemoteNotFoundError
     assert (str(clone), clone.url, clone.reason) == (str(error), error.url,
                                                      error.reason)
+
+
+class _ChunkedAndLooping(http.server.BaseHTTPRequestHandler):
+    """A server that sends GET bodies chunked (HEAD gives the length) and
+    redirects /loop to itself."""
+    protocol_version = 'HTTP/1.1'
+    data = bytes(range(256)) * 40
+
+    def log_message(self, *args):
+        pass
+
+    def do_HEAD(self):
+        self.send_response(200)
+        self.send_header('ETag', '"v1"')
+        self.send_header('Content-Length', str(len(self.data)))
+        self.end_headers()
+
+    def do_GET(self):
+        if self.path == '/loop':
+            self.send_response(302)
+            self.send_header('Location', '/loop')
+            self.send_header('Content-Length', '0')
+            self.end_headers()
+            return
+        # /grown: the object has grown since the HEAD
+        body = self.data + (b'x' if self.path == '/grown' else b'')
+        self.send_response(200)
+        self.send_header('ETag', '"v1"')
+        self.send_header('Transfer-Encoding', 'chunked')
+        self.end_headers()
+        for start in range(0, len(body), 4000):
+            chunk = body[start:start + 4000]
+            self.wfile.write(b'%x\r\n%s\r\n' % (len(chunk), chunk))
+        self.wfile.write(b'0\r\n\r\n')
+
+
+def test_chunked_bodies_and_redirect_loops():
+    from mmdata_plugin.remote.errors import RemoteChangedError, RemoteIOError
+    server = http.server.ThreadingHTTPServer(('127.0.0.1', 0),
+                                             _ChunkedAndLooping)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f'http://127.0.0.1:{server.server_address[1]}'
+    try:
+        backend = HTTPRemoteBackend(retries=2, backoff=0.01)
+        data = _ChunkedAndLooping.data
+        # A body without Content-Length checked against the size a HEAD
+        # gave (what fetching a remote annotation file once per node does).
+        stat = backend.stat(f'{base}/plain')
+        sink = io.BytesIO()
+        assert backend.download(f'{base}/plain', sink, expect=stat) == stat
+        assert sink.getvalue() == data
+        with pytest.raises(RemoteChangedError, match='more than the expected'):
+            backend.download(f'{base}/grown', io.BytesIO(), expect=stat)
+        # A redirect loop is the server's answer, not worth a retry.
+        made = backend.requests_made
+        with pytest.raises(RemoteIOError, match='too many redirects'):
+            backend.get(f'{base}/loop')
+        assert backend.requests_made == made + 1
+    finally:
+        server.shutdown()
+        server.server_close()
