@@ -97,13 +97,15 @@ class HTTPRemoteBackend(RemoteBackend):
             # HEAD not allowed: a 1-byte range GET tells the size as well.
             body = self._open(url, (0, 1))
             body.close(False)
-            return RemoteStat(body.size, body.etag)
-        if response.status != 200:
+            size, etag = (None if body.size < 0 else body.size), body.etag
+        elif response.status != 200:
             raise error_for_status(url, response.status)
-        size = response.headers.get('Content-Length')
+        else:
+            size = response.headers.get('Content-Length')
+            etag = response.headers.get('ETag')
         if size is None:
             raise RemoteIOError(url, 'the server sent no Content-Length')
-        return RemoteStat(int(size), response.headers.get('ETag'))
+        return RemoteStat(int(size), etag)
 
     def _open(self, url: str, span: Optional[Tuple[int, int]]) -> RemoteBody:
         headers = {}

@@ -58,6 +58,11 @@ def fetch_to_node(url: str,
         url, backend_args=backend_args, enable_singleton=True)
     stat = backend.stat(url)
     store = NodeStore(cache_dir or default_files_dir(), cache_limit)
+    if stat.size > store.limit:
+        raise RuntimeError(
+            f'{url} ({stat.size} bytes) is larger than the node store '
+            f'{store.cache_dir} can hold (cache_limit={cache_limit}); raise '
+            'the limit')
     key = f'{url}\nsize={stat.size}\netag={stat.etag}'
     path = store.lookup(NAMESPACE, key)
     if path is not None:
