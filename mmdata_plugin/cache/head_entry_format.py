@@ -1,24 +1,31 @@
 """The bytes of one cached pipeline head: what it changed in a sample.
 
-Layout: ``MAGIC``, the header's length (8 bytes, little endian), a JSON
-header, then the binary blobs the header points into. Values are tagged
-JSON: ``int``, ``float``, ``str``, ``bool``, ``None``, lists, tuples, dicts
-with str keys, numpy scalars and arrays of numeric dtypes (their bytes in a
-blob), and the image, stored raw or re-encoded as PNG or JPEG.
+Layout: ``MAGIC``, the CRC-32 of all the bytes after it (4 bytes), the
+header's length (8 bytes; both little endian), a JSON header, then the
+binary blobs the header points into. Values are tagged JSON: ``int``,
+``float``, ``str``, ``bool``, ``None``, lists, tuples, dicts with str keys,
+numpy scalars and arrays of numeric dtypes (their bytes in a blob), and the
+image, stored raw or re-encoded as PNG or JPEG.
+
+The CRC makes a damaged entry (a bad sector, a stray write) an error
+rather than other pixels or another shape; it costs ~60 us per 260 KB
+entry on these machines, a fraction of the read.
 
 Nothing in an entry can run code when read (no pickle): a cache directory
 another user can write to can corrupt samples, never take over the reader.
 """
 import json
 import struct
+import zlib
 from typing import Dict, List, NamedTuple, Tuple
 
 import cv2
 import numpy as np
 
-MAGIC = b'MMHEAD1\n'
+MAGIC = b'MMHEAD2\n'
 CODECS = ('raw', 'png', 'jpeg')
-_LENGTH = struct.Struct('<Q')
+_CRC = struct.Struct('<I')
+_HEADER_LENGTH = struct.Struct('<Q')
 
 
 class HeadEntryError(ValueError):
@@ -152,8 +159,11 @@ def encode_head_entry(fields: Dict[str, object],
         'removed': list(removed),
         'blobs': offsets
     }).encode()
-    return b''.join([MAGIC, _LENGTH.pack(len(header)), header] +
-                    writer.blobs)
+    length = _HEADER_LENGTH.pack(len(header))
+    crc = 0
+    for part in [length, header] + writer.blobs:
+        crc = zlib.crc32(part, crc)
+    return b''.join([MAGIC, _CRC.pack(crc), length, header] + writer.blobs)
 
 
 class _Reader:
@@ -167,7 +177,7 @@ class _Reader:
     def blob(self, index: int) -> memoryview:
         offset, length = self.blobs[index]
         begin = self.start + offset
-        if begin + length > len(self.data):
+        if offset < 0 or length < 0 or begin + length > len(self.data):
             raise HeadEntryError('entry truncated')
         return self.data[begin:begin + length]
 
@@ -212,10 +222,13 @@ def decode_head_entry(data: bytes) -> HeadEntry:
     Raises:
         HeadEntryError: Not an entry of this format, or damaged.
     """
-    start = len(MAGIC) + _LENGTH.size
+    start = len(MAGIC) + _CRC.size + _HEADER_LENGTH.size
     if data[:len(MAGIC)] != MAGIC or len(data) < start:
         raise HeadEntryError('not a pipeline head entry')
-    (length, ) = _LENGTH.unpack_from(data, len(MAGIC))
+    (crc, ) = _CRC.unpack_from(data, len(MAGIC))
+    if zlib.crc32(memoryview(data)[len(MAGIC) + _CRC.size:]) != crc:
+        raise HeadEntryError('damaged pipeline head entry: CRC mismatch')
+    (length, ) = _HEADER_LENGTH.unpack_from(data, len(MAGIC) + _CRC.size)
     try:
         header = json.loads(bytes(data[start:start + length]))
         reader = _Reader(data, header['blobs'], start + length)
@@ -223,6 +236,8 @@ def decode_head_entry(data: bytes) -> HeadEntry:
         return HeadEntry(fields, list(header['removed']))
     except HeadEntryError:
         raise
-    except (ValueError, KeyError, TypeError) as error:
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError,
+            ArithmeticError) as error:
+        # Well-formed bytes with a header no writer of ours makes.
         raise HeadEntryError(f'damaged pipeline head entry: {error}') \
             from error
