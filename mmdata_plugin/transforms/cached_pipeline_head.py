@@ -19,7 +19,7 @@ from .decode_target import transform_type
 
 NAMESPACE = 'head'
 #: Bump when what an entry means changes: old entries become misses.
-ENTRY_VERSION = 1
+ENTRY_VERSION = 2
 
 #: Transforms whose output depends only on their input and config. The
 #: check is by registered type name (scope prefix dropped); transforms that
@@ -37,6 +37,8 @@ _RANDOM_NAME = re.compile(
     re.IGNORECASE)
 #: Keys of the sample that describe its position, not its content.
 POSITION_KEYS = ('sample_idx', )
+#: Input values a transform can change without replacing them.
+_MUTABLE = (list, dict, np.ndarray)
 
 
 def check_deterministic(transforms: Sequence, extra_types: Iterable[str] = (),
@@ -258,6 +260,12 @@ class CachedPipelineHead(BaseTransform):
             except HeadEntryError:
                 self.store.evict(NAMESPACE, key)  # damaged: produce again
         before = dict(results)
+        # A transform may change an input in place (mmseg's LoadAnnotations
+        # appends to seg_fields): those keys changed too.
+        contents = {
+            k: _digest(v, k)
+            for k, v in before.items() if isinstance(v, _MUTABLE)
+        }
         results = self.pipeline(results)
         if results is None:
             return None
@@ -266,7 +274,8 @@ class CachedPipelineHead(BaseTransform):
         changed = {
             k: v
             for k, v in results.items()
-            if k not in before or before[k] is not v
+            if k not in before or before[k] is not v or (
+                k in contents and _digest(v, k) != contents[k])
         }
         removed = [k for k in before if k not in results]
         data = encode_head_entry(changed, removed, self.storage,

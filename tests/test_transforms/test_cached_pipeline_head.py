@@ -289,3 +289,28 @@ def test_remote_source_check_and_its_opt_out(tmp_path, check):
         third, requests = epoch()
         assert requests == ((1, 3) if check else (0, 0))
         assert np.array_equal(third[0], first[0]) is not check
+
+
+def test_inputs_changed_in_place_come_back_on_a_hit(tmp_path):
+    # mmseg's LoadAnnotations appends to the data info's seg_fields list
+    # instead of replacing it; its segmentation transforms look there.
+    from mmcv.transforms import BaseTransform
+
+    @TRANSFORMS.register_module(name='AppendsSegFields', force=True)
+    class AppendsSegFields(BaseTransform):
+
+        def transform(self, results):
+            results['gt_seg_map'] = np.ones((4, 4), np.uint8)
+            results['seg_fields'].append('gt_seg_map')
+            return results
+
+    path, = _write_images(tmp_path, count=1)
+    head = _head(tmp_path, transforms=[HEAD[0], dict(type='AppendsSegFields')],
+                 deterministic_types=['AppendsSegFields'])
+
+    def info():
+        return dict(img_path=path, seg_fields=[], sample_idx=0)
+
+    miss, hit = head(info()), head(info())
+    assert miss['seg_fields'] == hit['seg_fields'] == ['gt_seg_map']
+    _assert_same(miss, hit)
