@@ -247,4 +247,18 @@ ALLOCATING_ENTRIES = {
         b'J' + i.to_bytes(4, 'little') for i in range(10000)) +
     b'er\xa0\x86\x01\x00' + b'cbuiltins\nset\nj\xa0\x86\x01\x00\x85R' * 100 +
     b'e',
+    # 2 GiB of storage from 40 bytes (a storage class is a default global).
+    'storage_class_called_with_a_size': _text(b'x') +
+    b'ctorch.storage\nUntypedStorage\nJ' + (2**31 - 1).to_bytes(4, 'little')
+    + b'\x85R',
+    # One memoised tuple of 10000 ints made a torch.Size 2000 times.
+    'memoised_tuple_copied_again': _text(b'x') + b']ctorch\nSize\nq\x02(' +
+    b''.join(b'J' + i.to_bytes(4, 'little') for i in range(10000)) +
+    b'tq\x01\x85Ra' + b'h\x02h\x01\x85Ra' * 2000,
+    # One memoised dict of 10000 items built into an OrderedDict 2000 times
+    # (BUILD copies the state into the object).
+    'memoised_dict_built_again': _text(b'x') +
+    b']ccollections\nOrderedDict\nq\x02)R}q\x01(' + b''.join(
+        b'J' + i.to_bytes(4, 'little') + b'N' for i in range(10000)) +
+    b'uba' + b'h\x02)Rh\x01ba' * 2000,
 }

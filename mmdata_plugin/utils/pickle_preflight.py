@@ -60,12 +60,17 @@ _PUSH_ONE = {
 _EMPTY_CONTAINERS = {
     pickle.EMPTY_LIST[0], pickle.EMPTY_DICT[0], pickle.EMPTY_SET[0]
 }
-# torch's tensor classes, which torch's unpickler lets a pickle call:
-# torch.FloatTensor(N) allocates N uninitialised floats. torch.save never
-# calls them (tensors come from storages through torch._utils._rebuild_*).
-_TENSOR_CLASSES = {'torch.Tensor'} | {
+# torch's tensor and storage classes, which torch's unpickler lets a
+# pickle call: torch.FloatTensor(N) allocates N uninitialised floats,
+# torch.storage.UntypedStorage(N) N bytes. torch.save never calls them
+# (tensors come from storages through torch._utils._rebuild_*, storages
+# from the archive's records through persistent ids).
+_TENSOR_CLASSES = {
+    'torch.Tensor', 'torch.storage.UntypedStorage',
+    'torch.storage.TypedStorage'
+} | {
     f'{cls.__module__}.{cls.__name__}'
-    for cls in torch._tensor_classes
+    for cls in set(torch._tensor_classes) | set(torch._storage_classes)
 }
 
 #: What a callable handed a container is charged per item (a pointer: real
@@ -141,16 +146,14 @@ class _Replay:
         """The item a REDUCE of ``func`` on ``args`` leaves."""
         name = func[1] if func and func[0] == 'global' else None
         args = args[1] if args and args[0] == 'tuple' else None
-        # set(L), Counter(L), OrderedDict(L)... copy L: a memoised L handed
-        # over again and again must not multiply memory for free.
+        # set(L), Counter(L), torch.Size(T)... copy L or T: a memoised one
+        # handed over again and again must not multiply memory for free.
         for arg in args or ():
-            if arg and arg[0] == 'container':
-                charge(arg[1][0] * BYTES_PER_ITEM,
-                       f'{name or "a callable"} copying a container')
+            _charge_copy(arg, f'{name or "a callable"} copying a container')
         if name in _TENSOR_CLASSES:
             raise UnexpectedAllocation(
                 f'the pickle calls {name} (torch.save never does; it would '
-                'allocate a tensor of any size the file names)')
+                'allocate a tensor or storage of any size the file names)')
         if name == '_codecs.encode':
             if (args is None or len(args) != 2 or args[1] != _LATIN1
                     or not args[0] or args[0][0] != 'str'):
@@ -201,9 +204,13 @@ class _Replay:
         elif op == pickle.BINPERSID[0]:
             self._pop()
             self.stack.append(_OTHER)
-        elif op in (pickle.BUILD[0], pickle.APPEND[0]):
+        elif op == pickle.BUILD[0]:
+            # The state is copied into the object (__dict__.update).
+            _charge_copy(self._pop()[1], 'an object built from a container')
+            self._grow(0)
+        elif op == pickle.APPEND[0]:
             self._pop()
-            self._grow(1 if op == pickle.APPEND[0] else 0)
+            self._grow(1)
         elif op == pickle.SETITEM[0]:
             self._pop()
             self._pop()
@@ -252,6 +259,14 @@ class _Replay:
         if short:
             return self._read_exactly(1)[0]
         return unpack('<I', self._read_exactly(4))[0]
+
+
+def _charge_copy(value, what: str) -> None:
+    """Charge a copy of a list, dict or tuple of the replay."""
+    if value and value[0] == 'container':
+        charge(value[1][0] * BYTES_PER_ITEM, what)
+    elif value and value[0] == 'tuple':
+        charge(len(value[1]) * BYTES_PER_ITEM, what)
 
 
 def _check_pickles(file: BinaryIO, count: int) -> None:
