@@ -27,6 +27,7 @@ since torch stops there too.
 """
 import io
 import pickle
+import zipfile
 from struct import unpack
 from typing import BinaryIO, Union
 
@@ -275,6 +276,26 @@ def _check_pickles(file: BinaryIO, count: int) -> None:
             return
 
 
+def _check_stored(archive: BinaryIO) -> None:
+    """Refuse an archive with a compressed record: torch.save stores every
+    record as is, and torch's reader inflates one to whatever size it says
+    (a 200 KB file held 200 MB of pickle)."""
+    try:
+        with zipfile.ZipFile(archive) as listing:
+            records = listing.infolist()
+    except (zipfile.BadZipFile, ValueError) as error:
+        raise UnexpectedAllocation(
+            f'not an archive torch.save writes ({error})') from error
+    finally:
+        archive.seek(0)
+    for record in records:
+        if record.compress_type != zipfile.ZIP_STORED:
+            raise UnexpectedAllocation(
+                f'the archive compresses {record.filename} (torch.save '
+                'never does; it would inflate to '
+                f'{record.file_size} bytes from {record.compress_size})')
+
+
 def check_pickles(source: Union[str, bytes]) -> None:
     """Check every pickle torch would load from ``source`` (a path or the
     file's bytes); allocations are charged to the budget in force.
@@ -295,6 +316,7 @@ def check_pickles(source: Union[str, bytes]) -> None:
         if not is_zip:
             _check_pickles(opened, _LEGACY_PICKLES)
             return
+        _check_stored(opened)
         # torch.load's own reader, so the record checked is the one torch
         # unpickles (the archive's 'data.pkl', however the zip is built).
         reader = torch._C.PyTorchFileReader(opened)

@@ -1,7 +1,9 @@
 """Checkpoints load with weights_only=True; malicious pickles are refused."""
+import io
 import os
 import os.path as osp
 import pickle
+import zipfile
 from collections import OrderedDict
 
 import numpy as np
@@ -286,3 +288,23 @@ def test_trusted_list_keeps_urls_whole(tmp_path, monkeypatch):
     assert trusted_checkpoints() == [local, urls[0], '/b/c.pth', urls[1]]
     trust_checkpoint('mmcls://net')
     assert trusted_checkpoints()[-1] == 'mmcls://net'
+
+
+def test_a_compressed_record_is_refused(tmp_path):
+    # torch's reader inflates a deflated data.pkl to the size its header
+    # says: here 8 MB of padding after STOP, from a file of ~10 KB.
+    saved = io.BytesIO()
+    torch.save(dict(state_dict=dict(w=torch.ones(2))), saved)
+    path = str(tmp_path / 'deflated.pth')
+    with zipfile.ZipFile(saved) as source, zipfile.ZipFile(path, 'w') as out:
+        for name in source.namelist():
+            data = source.read(name)
+            if name.endswith('/data.pkl'):
+                out.writestr(name, data + bytes(8 << 20),
+                             compress_type=zipfile.ZIP_DEFLATED)
+            else:
+                out.writestr(name, data)
+    assert osp.getsize(path) < 64 * 1024
+    with pytest.raises(UnreadableCheckpointError,
+                       match='compresses .*data.pkl'):
+        CheckpointLoader.load_checkpoint(path)
