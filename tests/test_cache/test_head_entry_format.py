@@ -29,20 +29,25 @@ def _rewritten(data: bytes, mutate) -> bytes:
 
 
 @pytest.mark.parametrize('codec', ['raw', 'png'])
-def test_round_trip_and_a_flipped_bit_is_caught(codec):
+def test_round_trip_and_a_damaged_header_or_size_is_caught(codec):
     data = encode_head_entry(FIELDS, ['img_path'], codec)
     entry = decode_head_entry(data)
     assert np.array_equal(entry.fields['img'], IMG)
     assert entry.fields['img_shape'] == (4, 6)
     assert entry.fields['seg_fields'] == ['gt_seg_map']
     assert entry.removed == ['img_path']
-    for position in (len(MAGIC) + 6, len(data) // 2, len(data) - 20):
+    (length, ) = _HEADER_LENGTH.unpack_from(data, len(MAGIC) + _CRC.size)
+    header_end = len(MAGIC) + _CRC.size + _HEADER_LENGTH.size + length
+    # Any flipped bit from the CRC to the header's end: a digit of the
+    # image's shape would otherwise give another geometry.
+    for position in range(len(MAGIC), header_end, 7):
         damaged = bytearray(data)
         damaged[position] ^= 0x01
         with pytest.raises(HeadEntryError, match='CRC'):
             decode_head_entry(bytes(damaged))
-    with pytest.raises(HeadEntryError):
-        decode_head_entry(data[:-1])
+    for cut in (data[:-1], data + b'\0'):
+        with pytest.raises(HeadEntryError, match='size'):
+            decode_head_entry(cut)
 
 
 @pytest.mark.parametrize('mutate', [
