@@ -108,8 +108,8 @@ class _JsonStream:
             try:
                 value, end = self.decoder.raw_decode(self.buf, self.pos)
             except json.JSONDecodeError as error:
-                if self._fill():
-                    continue  # maybe only cut off by the block end
+                if _cut_short(error, len(self.buf)) and self._fill():
+                    continue  # only cut off by the block end
                 raise AnnotationFormatError(
                     f'{self._where(error.pos)}: invalid JSON: {error.msg}'
                 ) from None
@@ -118,6 +118,16 @@ class _JsonStream:
                 continue
             self.pos = end
             return value
+
+
+def _cut_short(error: json.JSONDecodeError, size: int) -> bool:
+    """Whether a decode error may only mean the value goes on past the
+    buffer's end (a genuine error further back is raised at once, not after
+    reading the rest of the file into memory)."""
+    # An escape cut in the middle errs a few characters before the end; a
+    # string cut anywhere errs where it starts.
+    return error.pos >= size - 8 or error.msg.startswith(
+        'Unterminated string')
 
 
 def convert_openmmlab_json_to_jsonl(src: str,

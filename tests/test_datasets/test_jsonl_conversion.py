@@ -62,6 +62,25 @@ def test_memory_is_bounded_by_the_block_not_the_file(tmp_path, monkeypatch):
     assert len(_read_jsonl(dst)) == 1 + 300 * 80
 
 
+def test_an_early_syntax_error_is_raised_without_reading_on(
+        tmp_path, monkeypatch):
+    # A bad record in the first block of a big file: raised there, not
+    # after the rest of the file was read into memory.
+    monkeypatch.setattr(jsonl_conversion, '_BLOCK', 32 << 10)
+    src = tmp_path / 'ann.json'
+    records = ",\n".join(json.dumps(r) for r in RECORDS * 80)
+    src.write_text('{"data_list": [{"gt_label": 0 oops},\n' + records + ']}')
+    tracemalloc.start()
+    try:
+        with pytest.raises(AnnotationFormatError, match=r'ann\.json:1:31'):
+            convert_openmmlab_json_to_jsonl(str(src), str(tmp_path / 'o'),
+                                            progress=False)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 512 << 10, f'peak {peak / 2**20:.1f} MiB'
+
+
 @pytest.mark.parametrize('text, match', [
     ('{"data_list": [{"a": 1}, {"a": 2,}]}', r'ann\.json:1:34: invalid JSON'),
     ('{"data_list": [{"a": 1},\n 3]}',
