@@ -9,6 +9,7 @@ import sys
 from mmengine.registry import DATASETS
 
 from mmdata_plugin.datasets.data_list_dump import (NotPlainRecordError,
+                                                   config_path_text,
                                                    dump_data_list,
                                                    format_config_block,
                                                    rank_sharded_dataset_config,
@@ -63,11 +64,7 @@ def main():
     wrapper = DATASETS.build(dataloader_cfg.dataset)
     try:
         dataset, path = source_dataset(wrapper, args.part)
-        if args.part is not None:
-            dataset_cfg = dataloader_cfg.dataset.datasets[args.part]
-            path = ()
-        else:
-            dataset_cfg = dataset_config_at(dataloader_cfg, path)
+        dataset_cfg = dataset_config_at(dataloader_cfg, path)
         result = dump_data_list(dataset, args.out, args.keep_paths,
                                 not args.no_progress)
     except NotPlainRecordError as error:
@@ -78,9 +75,11 @@ def main():
     print(f'{args.out}: {result.num_samples} samples of '
           f'{type(dataset).__name__} (after its filter_cfg) + a metainfo '
           f'line ({", ".join(sorted(result.metainfo)) or "empty"})')
-    if args.part is not None:
-        print(f'# the RankShardedDataset for {args.split}_dataloader.'
-              f'dataset.datasets[{args.part}] (list it there):')
+    if any(isinstance(key, int) for key in path):
+        # Inside a list: the config of that item, to put there by hand.
+        print(f'# the RankShardedDataset for {args.split}_dataloader.dataset'
+              f'{config_path_text(path)} (put it there):')
+        path = ()
     else:
         print('# paste into the new config (which inherits this one):')
     print(format_config_block(cfg, args.split, config, path))

@@ -350,10 +350,11 @@ def _format(value: Any, indent: int) -> str:
     return repr(value)
 
 
-def source_dataset(dataset, part: Optional[int]) -> Tuple[Any, Tuple[str,
-                                                                      ...]]:
+def source_dataset(dataset, part: Optional[int]) -> Tuple[Any, tuple]:
     """The dataset to dump inside wrappers, and the config keys leading to
-    it (``('dataset',)`` under ``RepeatDataset`` ...).
+    it from the dataloader's dataset (``('dataset',)`` under
+    ``RepeatDataset``, ``('dataset', 'datasets', 0)`` under a
+    ``RepeatDataset`` of a ``ConcatDataset`` ...).
 
     Wrappers of one dataset are looked through; ``ConcatDataset`` needs
     ``part`` (which of its datasets).
@@ -362,7 +363,7 @@ def source_dataset(dataset, part: Optional[int]) -> Tuple[Any, Tuple[str,
         NotPlainRecordError: For a ConcatDataset without ``part`` (naming
             the alternative).
     """
-    path: List[str] = []
+    path: list = []
     while not isinstance(dataset, BaseDataset):
         datasets = getattr(dataset, 'datasets', None)
         if datasets is not None:
@@ -373,9 +374,9 @@ def source_dataset(dataset, part: Optional[int]) -> Tuple[Any, Tuple[str,
                     f'{len(datasets) - 1} into its own file and list the '
                     'RankShardedDatasets in the same ConcatDataset '
                     f'(got --part {part}).')
-            dataset, part = datasets[part], None
-            # A list item: the config block is printed for that item.
-            path = []
+            dataset = datasets[part]
+            path += ['datasets', part]
+            part = None
             continue
         inner = getattr(dataset, 'dataset', None)
         if inner is None:
@@ -383,3 +384,9 @@ def source_dataset(dataset, part: Optional[int]) -> Tuple[Any, Tuple[str,
         dataset = inner
         path.append('dataset')
     return dataset, tuple(path)
+
+
+def config_path_text(path: tuple) -> str:
+    """``path`` as config text: ``.dataset.datasets[0]``."""
+    return ''.join(f'[{key}]' if isinstance(key, int) else f'.{key}'
+                   for key in path)

@@ -238,7 +238,25 @@ def test_wrappers_dump_their_dataset_or_say_how(toy_root, tmp_path, capsys):
             in str(error.value))
     result = run_tool_here(capsys, concat, tmp_path / 'part1.jsonl',
                            '--part', 1)
-    assert 'dataset.datasets[1] (list it there)' in result
+    assert 'train_dataloader.dataset.datasets[1] (put it there)' in result
+    # A ConcatDataset inside a wrapper (mmdet's voc0712), and a wrapped
+    # part: the part's own dataset, with its pipeline, is dumped.
+    for name, dataset, where in (
+            ('repeat_concat',
+             dict(type='RepeatDataset', times=3,
+                  dataset=dict(type='ConcatDataset',
+                               datasets=[toy_dataset_config(toy_root)] * 2)),
+             '.dataset.datasets[0]'),
+            ('concat_repeat',
+             dict(type='ConcatDataset',
+                  datasets=[dict(type='RepeatDataset', times=2,
+                                 dataset=toy_dataset_config(toy_root))]),
+             '.datasets[0].dataset')):
+        config = write_config(tmp_path / f'{name}.py', dataset)
+        result = run_tool_here(capsys, config, tmp_path / f'{name}.jsonl',
+                               '--part', 0, '--check', 2)
+        assert f'train_dataloader.dataset{where} (put it there)' in result
+        assert '--check: 2 of 2 samples identical' in result
 
 
 def test_mmseg_folder_dataset_dumps_and_checks(tmp_path):
