@@ -332,6 +332,14 @@ class TimedTransform:
             raise AttributeError(name)
         return getattr(self.transform, name)
 
+    def __iter__(self):
+        # mmcv's cache_random_params (TransformBroadcaster and mmdet's
+        # ProposalBroadcaster with share_random_params) finds the transforms
+        # whose draws it shares by iterating what is not a BaseTransform:
+        # through the proxy it reaches the wrapped one, so every target
+        # still gets the same draw while a batch is timed.
+        yield self.transform
+
     def __reduce__(self):
         return TimedTransform, (self.transform, self.key, self.pipeline,
                                 self.position)

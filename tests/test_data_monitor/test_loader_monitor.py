@@ -4,6 +4,7 @@ import pickle
 import mmcv
 import mmengine.fileio
 import pytest
+import torch
 from mmcv.transforms import RandomApply, RandomChoice
 from mmengine.dataset import (ClassBalancedDataset, ConcatDataset,
                               RepeatDataset)
@@ -162,6 +163,40 @@ def test_wrapped_datasets_and_nested_transforms_are_timed(wrapper):
     assert not isinstance(nested.pipeline.transforms[1], TimedTransform)
     assert not isinstance(
         nested.pipeline.transforms[1].transforms.transforms[0], TimedTransform)
+
+
+def test_shared_random_draws_stay_shared_while_timed():
+    # TransformBroadcaster(share_random_params=True) flips img1 and img2
+    # alike; timed (every batch), each target must not draw its own flip.
+    import numpy as np
+    from mmcv.transforms import RandomFlip, TransformBroadcaster
+    from mmengine.dataset import Compose
+
+    class Pairs(torch.utils.data.Dataset):
+        pipeline = Compose([
+            TransformBroadcaster(
+                mapping={'img': ['img1', 'img2']},
+                auto_remap=True,
+                share_random_params=True,
+                transforms=[RandomFlip(prob=0.5, direction='horizontal')])
+        ])
+
+        def __len__(self):
+            return 64
+
+        def __getitem__(self, index):
+            img = np.arange(12, dtype=np.uint8).reshape(2, 2, 3)
+            out = self.pipeline(dict(img1=img.copy(), img2=img.copy()))
+            return bool((out['img1'] == out['img2']).all())
+
+    loader = DataLoader(Pairs(), batch_size=4, collate_fn=list)
+    monitor = DataLoaderMonitor(loader, sample_every=1,
+                                warmup_iters=0).install()
+    try:
+        same = [pair for batch in loader for pair in batch]
+    finally:
+        monitor.uninstall()
+    assert all(same) and len(same) == 64
 
 
 def test_concatenated_pipelines_are_told_apart():
