@@ -89,16 +89,16 @@ def find_bottleneck(rank: dict, num_workers: int):
     batch over to the training process (``transfer``) happens one batch at
     a time: it is the bottleneck when batches were ready early and the wait
     is their hand-over (:func:`batches_were_early`), or when it takes longer
-    than the costliest worker stage per worker. Its share is then of the
-    step time.
+    than the workers take to deliver a batch (their whole time per batch
+    over ``num_workers``). Its share is then of the step time.
     """
     costs = stage_costs(rank)
     if not costs or not rank['worker']['mean']:
         return None, 0.0
     key = max(costs, key=costs.get)
     transfer = rank['transfer']['mean']
-    if batches_were_early(rank) or (num_workers
-                                    and transfer > costs[key] / num_workers):
+    delivery = rank['worker']['mean'] / num_workers if num_workers else 0.0
+    if batches_were_early(rank) or (num_workers and transfer > delivery):
         step = rank['wait']['mean'] + rank['compute']['mean']
         return 'transfer', transfer / step if step else 0.0
     return key, costs[key] / rank['worker']['mean']

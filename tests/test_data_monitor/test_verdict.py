@@ -209,6 +209,17 @@ def test_slow_transfer_is_the_bottleneck_over_cheap_workers():
         report['advice'][-1]['text'])
 
 
+def test_many_cheap_stages_make_the_workers_the_limit_not_the_hand_over():
+    # 8 workers x 10 stages of 10 ms: a batch every 12.5 ms from the
+    # workers, while a hand-over takes 2 ms; no stage alone costs more per
+    # worker (1.25 ms) than the hand-over, but the workers are the limit.
+    stages = {f'{i:02d}_T{i}': 10.0 for i in range(10)}
+    report = _report(fake_rank(wait=7.5, compute=5.0, stages=stages,
+                               slack=-5.0, num_workers=8, cpus=64))
+    assert report['verdict']['bottleneck'] != 'transfer'
+    assert 'workers' in _topics(report)
+
+
 # Issue 14's case: batch 32, 2 workers, 01_BarSleep 59% of worker time.
 HANDOVER_STAGES = {'io': 30.0, 'decode': 40.0, '01_BarSleep': 130.0,
                    'collate': 20.0}
