@@ -276,6 +276,7 @@ def train(work_dir,
           dataset=None,
           hook=None,
           val=False,
+          batch_sampler=None,
           **cfg):
     """Train :class:`SleepyModel` on the sleepy pipeline; return the runner.
 
@@ -308,6 +309,8 @@ def train(work_dir,
         collate_fn=collate or dict(type='pseudo_collate'))
     if num_workers:
         loader['multiprocessing_context'] = start
+    if batch_sampler:
+        loader['batch_sampler'] = batch_sampler
     if val:
         train_cfg['val_interval'] = val
         cfg.update(

@@ -104,6 +104,22 @@ def _rewind_samplers(loader: DataLoader) -> None:
     for sampler in (loader.sampler, getattr(batch_sampler, 'sampler', None)):
         if isinstance(sampler, InfiniteSampler):
             sampler.indices = sampler._indices_of_rank()
+    _empty_buckets(batch_sampler)
+
+
+def _empty_buckets(batch_sampler) -> None:
+    """Empty the pending buckets of a bucketing batch sampler.
+
+    mmdet's aspect-ratio batch samplers keep the indices of unfinished
+    batches on the instance (``_aspect_ratio_buckets``, ``_buckets``): the
+    batches the first iterator prefetched left some there, which a restarted
+    iterator would hand out first. A fresh sampler's buckets are empty.
+    """
+    for name, value in vars(batch_sampler or object()).items():
+        if 'bucket' in name and isinstance(value, list) and all(
+                isinstance(bucket, list) for bucket in value):
+            for bucket in value:
+                bucket.clear()
 
 
 def _shutdown(iterator) -> None:

@@ -14,7 +14,7 @@ from helpers import DEMO_CONFIG, TRAIN_SCRIPT, quick_cfg_options
 from mmengine.config import Config
 from monitor_helpers import (SeedingDataset, SleepyCollate, SleepyDataset,
                              TupleCollate, train)
-from torch.utils.data import DataLoader
+from torch.utils.data import BatchSampler, DataLoader
 
 from mmdata_plugin.data_monitor.worker_timing import (TimedCollate,
                                                       TimedTransform)
@@ -60,6 +60,36 @@ def reference_batches(tmp_path_factory):
         return cache[loop, num_workers]
 
     return get
+
+
+class BucketBatchSampler(BatchSampler):
+    """Keeps unfinished batches on the instance, as mmdet's
+    AspectRatioBatchSampler does (two buckets: here by index parity)."""
+
+    def __init__(self, sampler, batch_size, drop_last=False):
+        super().__init__(sampler, batch_size, drop_last)
+        self._aspect_ratio_buckets = [[], []]
+
+    def __iter__(self):
+        for index in self.sampler:
+            bucket = self._aspect_ratio_buckets[index % 2]
+            bucket.append(index)
+            if len(bucket) == self.batch_size:
+                yield bucket[:]
+                del bucket[:]
+
+
+def test_a_restarted_bucketing_batch_sampler_gives_the_same_batches(
+        tmp_path):
+    # The iteration-based loop starts its iterator (its workers prefetch
+    # batches, leaving indices in the buckets) before the hook restarts it.
+    batches = [
+        train(tmp_path / str(monitor), loop='iter', num_workers=2,
+              monitor=monitor,
+              batch_sampler=dict(type=BucketBatchSampler)).model.seen
+        for monitor in (False, True)
+    ]
+    assert batches[0] == batches[1]
 
 
 @pytest.mark.parametrize('loop,workers,persistent,pin,start', _matrix())
