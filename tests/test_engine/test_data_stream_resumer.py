@@ -21,7 +21,8 @@ from mmengine.dataset import DefaultSampler, InfiniteSampler
 from torch.utils.data import (DataLoader, Dataset, DistributedSampler,
                               IterableDataset, RandomSampler)
 
-from mmdata_plugin.datasets import (RankShardedInfiniteSampler,
+from mmdata_plugin.datasets import (GrowingWindowSampler,
+                                    RankShardedInfiniteSampler,
                                     RankShardedSampler, SampleSeededDataset)
 from mmdata_plugin.engine.runner import (DataPositionError, DataStreamResumer,
                                          ResumableDataloaderIterator)
@@ -140,6 +141,9 @@ def make_loader(sampler='infinite',
             sampler = FastForwardSampler(dataset, seed, rank, world_size)
         elif sampler == 'rank_sharded':
             sampler = RankShardedSampler(
+                dataset, shuffle=shuffle, seed=seed, **sampler_options)
+        elif sampler == 'growing':
+            sampler = GrowingWindowSampler(
                 dataset, shuffle=shuffle, seed=seed, **sampler_options)
         elif sampler == 'rank_sharded_infinite':
             sampler = RankShardedInfiniteSampler(
@@ -354,6 +358,27 @@ def test_stock_checkpoint_positions_fast_forward_samplers_directly(sampler):
     offset = 8 * BATCH if positioned.infinite else 2 * BATCH
     assert fast_forward.call_args_list[0] == mock.call(offset)
     assert rest[0][0] == (0 if positioned.infinite else 1)  # epoch
+
+
+def test_stock_epoch_checkpoint_of_unequal_epochs_is_placed_in_its_epoch():
+    # A growing window of 6, 10, 14 of 23 samples, batch 4: epochs of 2, 3
+    # and 4 batches, so mmengine's EpochBasedTrainLoop's iteration is not
+    # epoch x len(dataloader) + batch.
+    window = dict(initial=6, growth=4, capacity=15)
+    stock = make_loader('growing', **window)
+    epochs = []
+    for epoch in range(3):
+        stock.sampler.set_epoch(epoch)
+        epochs += [epoch] * len(list(stock))
+    assert epochs == [0, 0, 1, 1, 1, 2, 2, 2, 2]
+    for iteration in range(1, len(epochs)):
+        # Saved after the iteration, before the loop's epoch counter moves.
+        epoch = epochs[iteration - 1]
+        resumer = DataStreamResumer(make_loader('growing', **window), seed=0)
+        resumer.load_checkpoint_meta(dict(seed=3, epoch=epoch))
+        report = resumer.resume(iteration, epoch=epoch)
+        assert (report.epoch, report.batches_in_epoch) == (
+            epoch, epochs[:iteration].count(epoch)), iteration
 
 
 def test_stock_checkpoint_of_an_undeclared_sampler_is_replayed_and_said():

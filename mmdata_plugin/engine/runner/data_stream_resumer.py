@@ -283,7 +283,13 @@ class DataStreamResumer:
                 logger='current',
                 level=logging.WARNING)
             return 0
-        batches = iteration - epoch * per_epoch
+        earlier = epoch * per_epoch
+        if self.batch_sampler.batches_of_epoch(epoch) is not None:
+            # Epochs of different lengths (a growing window).
+            earlier = sum(map(self.batch_sampler.batches_of_epoch,
+                              range(epoch)))
+            per_epoch = self.batch_sampler.batches_of_epoch(epoch)
+        batches = iteration - earlier
         if not 0 <= batches <= per_epoch:
             raise DataPositionError(
                 f'The checkpoint says iteration {iteration} in epoch {epoch}, '

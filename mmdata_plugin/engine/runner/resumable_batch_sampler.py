@@ -158,6 +158,18 @@ class ResumableBatchSampler:
             return False
         return None
 
+    def batches_of_epoch(self, epoch: int) -> Optional[int]:
+        """This rank's batches in ``epoch`` for a sampler whose epochs
+        differ in length (``equal_epochs = False``, sized by
+        ``epoch_total_size``); None when every epoch is ``len(self)``."""
+        sizes = getattr(self.sampler, 'epoch_total_size', None)
+        if getattr(self.sampler, 'equal_epochs', True) or sizes is None:
+            return None
+        per_rank = int(sizes(epoch)) // self.world_size
+        if getattr(self.batch_sampler, 'drop_last', False):
+            return per_rank // self.batch_size
+        return -(-per_rank // self.batch_size)
+
     def set_seed(self, seed: int) -> None:
         """Use ``seed`` for the sampler's order and the per-sample seeds."""
         self.seed = seed
