@@ -304,6 +304,8 @@ class LineIndex:
         newlines, pos = 0, 0
         while pos < start:
             chunk = os.pread(ann_fd, min(_CHUNK_SIZE, start - pos), pos)
+            if not chunk:
+                return None  # the file shrank under us: no line to name
             newlines += chunk.count(b'\n')
             pos += len(chunk)
         return newlines + 1
@@ -321,10 +323,13 @@ def _read_header(file, path: str) -> Dict:
     if len(raw) < _HEADER_SIZE or not raw.startswith(_MAGIC):
         raise StaleIndexError(f'{path} is not a line index (bad header)')
     header = json.loads(raw[len(_MAGIC):].rstrip(b'\0'))
+    if not isinstance(header, dict) or header.get(
+            'version') != INDEX_VERSION or not isinstance(
+                header.get('num_samples'), int):
+        version = header.get('version') if isinstance(header, dict) else None
+        raise StaleIndexError(f'{path}: index version {version}, need '
+                              f'{INDEX_VERSION}')
     expected = _HEADER_SIZE + 8 * (header['num_samples'] + 1)
-    if header.get('version') != INDEX_VERSION:
-        raise StaleIndexError(f'{path}: index version '
-                              f'{header.get("version")}, need {INDEX_VERSION}')
     if os.fstat(file.fileno()).st_size != expected:
         raise StaleIndexError(f'{path} is truncated (expected {expected} '
                               'bytes)')

@@ -77,6 +77,24 @@ def test_truncated_or_foreign_index_is_rebuilt(tmp_path):
     assert 'it indexes' in index_problem(index.path, other, 'lines')
     _write(tmp_path / 'ann.txt.idx', b'junk')
     assert 'not a line index' in index_problem(index.path, ann, 'lines')
+    # Our magic, a header of another version or shape (another tool's).
+    for header in (dict(version=2, count=4), [1, 2]):
+        _write(tmp_path / 'ann.txt.idx', (line_index_module._MAGIC + json.dumps(
+            header).encode()).ljust(line_index_module._HEADER_SIZE, b'\0'))
+        assert 'index version' in index_problem(index.path, ann, 'lines')
+        assert ensure_line_index(ann, index.path, 'lines').num_samples == 4
+
+
+def test_a_file_that_shrank_under_an_open_index_is_refused(tmp_path):
+    # Rewritten in place (`make_list > train.txt`) while workers read it:
+    # naming the line of the last sample must not loop on reads past EOF.
+    ann = _write(tmp_path / 'ann.txt', LINES)
+    index = ensure_line_index(ann, ann + '.idx', 'lines')
+    index.read(3)
+    with open(ann, 'r+b') as f:
+        f.truncate(os.path.getsize(ann) // 2)
+    with pytest.raises(StaleIndexError, match='changed after its index'):
+        index.read(3)
 
 
 def test_changed_during_training_is_refused_at_open(tmp_path):
