@@ -92,7 +92,8 @@ def folder_writable(folder: str) -> bool:
 def default_index_path(ann_file: str,
                        index_dir: Optional[str] = None,
                        fmt: Optional[str] = None,
-                       beside: bool = True) -> str:
+                       beside: bool = True,
+                       on_stale: str = 'rebuild') -> str:
     """Where the index of ``ann_file`` is read from, or built.
 
     The index next to the annotation file whenever it is valid, whether or
@@ -109,6 +110,8 @@ def default_index_path(ann_file: str,
             extension).
         beside (bool): False for a file in a folder that is not ours (a
             cache's entries): its index is always the private one.
+        on_stale (str): ``'error'`` refuses a stale index next to the file
+            rather than building a private one in its place.
     """
     if not beside:
         return private_index_path(ann_file, index_dir)
@@ -122,12 +125,21 @@ def default_index_path(ann_file: str,
         return shared
     private = private_index_path(ann_file, index_dir)
     if problem != 'missing':
+        if on_stale == 'error':
+            raise _stale(shared, ann_file, problem)
         print_log(
             f'Not using {shared}: {problem}; the index of this run is '
             f'{private}.',
             logger='current',
             level=logging.WARNING)
     return private
+
+
+def _stale(index_path: str, ann_file: str, problem: str) -> StaleIndexError:
+    return StaleIndexError(
+        f'The index {index_path} does not match {ann_file}: {problem}. '
+        'Delete it or rebuild it with tools/build_annotation_index.py, or '
+        'set on_stale_index="rebuild".')
 
 
 def file_fingerprint(path: str) -> Dict:
@@ -403,11 +415,7 @@ def ensure_line_index(ann_file: str,
         problem = index_problem(index_path, ann_file, fmt)
         if problem is not None and problem != 'missing':
             if on_stale == 'error':
-                raise StaleIndexError(
-                    f'The index {index_path} does not match {ann_file}: '
-                    f'{problem}. Delete it or rebuild it with '
-                    f'tools/build_annotation_index.py, or set '
-                    f'on_stale_index="rebuild".')
+                raise _stale(index_path, ann_file, problem)
             print_log(
                 f'Rebuilding {index_path}: {problem}.', logger='current')
         if problem is not None:

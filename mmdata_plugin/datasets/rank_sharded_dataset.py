@@ -147,7 +147,8 @@ class RankShardedDataset(BaseDataset):
             # The copy sits in the store's entries: the index goes elsewhere.
             beside = False
         index_path = self.index_file or default_index_path(
-            local_file, self.index_dir, self._format, beside=beside)
+            local_file, self.index_dir, self._format, beside=beside,
+            on_stale=self.on_stale_index)
         self._index = ensure_line_index(local_file, index_path,
                                         self._format, self.on_stale_index,
                                         self.index_progress)

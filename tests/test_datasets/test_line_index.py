@@ -237,6 +237,11 @@ def test_stale_index_in_a_read_only_folder_is_rebuilt_privately(
     assert (shared / 'ann.txt.idx').read_bytes() == shared_index
     assert any(msg.startswith(f'Not using {ann}.idx: the annotation file '
                               'changed') for msg in logged)
+    # on_stale_index='error' refuses it there too, before any private build.
+    with pytest.raises(StaleIndexError, match='on_stale_index="rebuild"'):
+        RankShardedDataset(ann_file=ann, index_dir=str(tmp_path / 'other'),
+                           on_stale_index='error', index_progress=False)
+    assert not (tmp_path / 'other').exists()
 
 
 def test_progress_bar_reports_rate_and_eta(capsys, monkeypatch):
