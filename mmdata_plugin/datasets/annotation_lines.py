@@ -102,19 +102,26 @@ def check_label(label, num_classes: Optional[int],
     """Refuse a label outside ``range(num_classes)`` (the dataset's
     ``metainfo['classes']``) before it reaches the loss as an IndexError.
 
+    With classes known, a label must be a class index: a string, a float
+    or a bool (JSON ``"cat"``, ``1.7``, ``true``) is refused here, where the
+    line is known, rather than cast or rejected later by the pipeline.
+
     Args:
-        label (int | list[int]): A ``gt_label``; other types are left to the
-            pipeline.
+        label (int | list[int]): A ``gt_label`` (None: unlabelled).
         num_classes (int, optional): Number of classes; None checks nothing.
         where (Callable[[], str], optional): Returns ``file:line``; called
             on error. None: the caller adds the location.
     """
-    if num_classes is None or (type(label) is int
-                               and 0 <= label < num_classes):
+    if num_classes is None or label is None or (type(label) is int
+                                                and 0 <= label < num_classes):
         return
     labels = label if isinstance(label, list) else [label]
     for value in labels:
-        if isinstance(value, int) and not 0 <= value < num_classes:
+        if type(value) is not int:
+            raise AnnotationFormatError(
+                _at(where, f'label {value!r} is not a class index (an int '
+                    f'in 0..{num_classes - 1}, metainfo["classes"])'))
+        if not 0 <= value < num_classes:
             raise AnnotationFormatError(
                 _at(where, f'label {value} is outside the dataset\'s '
                     f'{num_classes} classes (metainfo["classes"]; labels '

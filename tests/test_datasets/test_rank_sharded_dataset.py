@@ -399,5 +399,19 @@ def test_label_outside_the_classes_names_file_and_line(tmp_path):
     with pytest.raises(AnnotationFormatError,
                        match=r'ann\.jsonl:2: label 5 is outside'):
         jsonl.get_data_info(0)
+    # JSON values that are not class indices: named at their line, not
+    # cast (1.7 -> 1, true -> 1) or refused later by the pipeline.
+    records = [b'"cat"', b'1.7', b'true', b'"1"', b'[0, 1.0]']
+    jsonl = _dataset(
+        tmp_path, b'{"metainfo": {"classes": ["x", "y"]}}\n' + b''.join(
+            b'{"img_path": "a", "gt_label": %s}\n' % label
+            for label in records) + b'{"img_path": "b", "gt_label": null}\n',
+        name='ann.jsonl')
+    for index, label in enumerate(records):
+        with pytest.raises(AnnotationFormatError,
+                           match=rf'ann\.jsonl:{index + 2}: label .* is not '
+                           'a class index'):
+            jsonl.get_data_info(index)
+    assert jsonl.get_data_info(len(records))['gt_label'] is None
     # Without classes there is nothing to check against.
     assert _dataset(tmp_path, data).get_data_info(2)['gt_label'] == 2
