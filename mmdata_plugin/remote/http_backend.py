@@ -30,7 +30,8 @@ class HTTPRemoteBackend(RemoteBackend):
     Args:
         headers (dict, optional): Sent with every request, e.g.
             ``{'Authorization': 'Bearer ...'}`` (put secrets in environment
-            variables: ``'{{$TOKEN}}'`` in an mmengine config).
+            variables: ``'{{$TOKEN:}}'`` in an mmengine config; mmengine
+            substitutes only with the ``:``).
         pool_maxsize (int): Connections kept per host and process. Raise it
             when many threads of one process read at once.
         verify (bool): Check TLS certificates.
