@@ -28,7 +28,6 @@ import json
 import logging
 import os
 import os.path as osp
-import socket
 import sys
 import tempfile
 import time
@@ -37,6 +36,8 @@ from typing import Dict, Iterator, Optional, Tuple
 import numpy as np
 from mmengine.logging import print_log
 
+from ..cache.process_owner import (current_owner, owner_file_name,
+                                   owner_from_file_name, owner_is_alive)
 from .annotation_lines import (LINE_FORMATS, UTF8_BOM, AnnotationFormatError,
                                sample_line_starts)
 
@@ -45,6 +46,8 @@ INDEX_SUFFIX = '.idx'
 INDEX_DIR_ENV = 'MMDATA_INDEX_DIR'
 _MAGIC = b'MMDLIDX1'
 _HEADER_SIZE = 4096
+# Between an index's path and its builder in the name of a build's file.
+_TMP_INFIX = '.tmp.'
 # Small enough that the vectorised scan stays in the CPU caches (measured:
 # 4 MiB chunks scan ~1.8x faster than 64 MiB ones).
 _CHUNK_SIZE = 4 << 20
@@ -412,6 +415,7 @@ def ensure_line_index(ann_file: str,
     if not osp.isfile(ann_file):
         raise FileNotFoundError(f'Annotation file not found: {ann_file}')
     with index_build_lock(index_path):
+        _remove_abandoned_builds(index_path)
         problem = index_problem(index_path, ann_file, fmt)
         if problem is not None and problem != 'missing':
             if on_stale == 'error':
@@ -421,6 +425,22 @@ def ensure_line_index(ann_file: str,
         if problem is not None:
             build_line_index(ann_file, index_path, fmt, progress)
     return LineIndex(index_path)
+
+
+def _remove_abandoned_builds(index_path: str) -> None:
+    """Delete the temp files of builds of ``index_path`` whose process is
+    gone (an index of 1e9 lines is 8 GB)."""
+    folder, stem = osp.split(osp.abspath(index_path))
+    prefix = stem + _TMP_INFIX
+    with contextlib.suppress(FileNotFoundError):
+        for name in os.listdir(folder):
+            owner = owner_from_file_name(name[len(prefix):]) if \
+                name.startswith(prefix) else None
+            path = osp.join(folder, name)
+            with contextlib.suppress(FileNotFoundError):
+                if owner and not owner_is_alive(owner,
+                                                os.path.getmtime(path)):
+                    os.remove(path)
 
 
 def build_line_index(ann_file: str,
@@ -435,7 +455,10 @@ def build_line_index(ann_file: str,
     start_time = time.perf_counter()
     fingerprint = file_fingerprint(ann_file)
     os.makedirs(osp.dirname(osp.abspath(index_path)), exist_ok=True)
-    tmp_path = f'{index_path}.tmp.{socket.gethostname()}.{os.getpid()}'
+    # Named by its builder, so a build killed half way (kill -9, torchrun
+    # stopping the other ranks) is removed by the next one.
+    tmp_path = _TMP_INFIX.join(
+        (index_path, owner_file_name(current_owner(), 'index')))
     bar = ByteProgressBar(fingerprint['size'], f'indexing {ann_file}',
                        progress)
     try:

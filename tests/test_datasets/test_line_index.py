@@ -85,6 +85,29 @@ def test_truncated_or_foreign_index_is_rebuilt(tmp_path):
         assert ensure_line_index(ann, index.path, 'lines').num_samples == 4
 
 
+def test_a_killed_build_leaves_nothing_behind_for_long(tmp_path):
+    # kill -9 (or torchrun stopping the ranks) mid-build skips the cleanup:
+    # the next build of that index removes the dead builder's temp file,
+    # never a live one's.
+    from mmdata_plugin.cache.process_owner import (current_owner,
+                                                   owner_file_name)
+    child = multiprocessing.get_context('fork').Process(target=current_owner)
+    child.start()
+    child.join()
+    ann = _write(tmp_path / 'ann.txt', LINES)
+    dead = current_owner().rsplit(':', 2)[0] + f':{child.pid}:1'
+    # (a live builder's own name differs from this process's build)
+    temps = [
+        f'{ann}.idx.tmp.{owner_file_name(owner, unique)}'
+        for owner, unique in ((dead, 'index'), (current_owner(), 'other'))
+    ]
+    for temp in temps:
+        with open(temp, 'wb') as file:
+            file.write(b'\0' * 4096)
+    assert ensure_line_index(ann, ann + '.idx', 'lines').num_samples == 4
+    assert [osp.exists(temp) for temp in temps] == [False, True]
+
+
 def test_a_file_that_shrank_under_an_open_index_is_refused(tmp_path):
     # Rewritten in place (`make_list > train.txt`) while workers read it:
     # naming the line of the last sample must not loop on reads past EOF.
