@@ -115,7 +115,7 @@ def _empty_buckets(batch_sampler) -> None:
     batches the first iterator prefetched left some there, which a restarted
     iterator would hand out first. A fresh sampler's buckets are empty.
     """
-    for name, value in vars(batch_sampler or object()).items():
+    for name, value in getattr(batch_sampler, '__dict__', {}).items():
         if 'bucket' in name and isinstance(value, list) and all(
                 isinstance(bucket, list) for bucket in value):
             for bucket in value:

@@ -338,12 +338,12 @@ def _read_header(file, path: str) -> Dict:
     if len(raw) < _HEADER_SIZE or not raw.startswith(_MAGIC):
         raise StaleIndexError(f'{path} is not a line index (bad header)')
     header = json.loads(raw[len(_MAGIC):].rstrip(b'\0'))
-    if not isinstance(header, dict) or header.get(
-            'version') != INDEX_VERSION or not isinstance(
-                header.get('num_samples'), int):
-        version = header.get('version') if isinstance(header, dict) else None
+    version = header.get('version') if isinstance(header, dict) else None
+    if version != INDEX_VERSION:
         raise StaleIndexError(f'{path}: index version {version}, need '
                               f'{INDEX_VERSION}')
+    if not isinstance(header.get('num_samples'), int):
+        raise StaleIndexError(f'{path} is not a line index (bad header)')
     expected = _HEADER_SIZE + 8 * (header['num_samples'] + 1)
     if os.fstat(file.fileno()).st_size != expected:
         raise StaleIndexError(f'{path} is truncated (expected {expected} '
@@ -415,7 +415,6 @@ def ensure_line_index(ann_file: str,
     if not osp.isfile(ann_file):
         raise FileNotFoundError(f'Annotation file not found: {ann_file}')
     with index_build_lock(index_path):
-        _remove_abandoned_builds(index_path)
         problem = index_problem(index_path, ann_file, fmt)
         if problem is not None and problem != 'missing':
             if on_stale == 'error':
@@ -423,6 +422,9 @@ def ensure_line_index(ann_file: str,
             print_log(
                 f'Rebuilding {index_path}: {problem}.', logger='current')
         if problem is not None:
+            # Only a build can have left one (listing a large folder at
+            # every start would not be free).
+            _remove_abandoned_builds(index_path)
             build_line_index(ann_file, index_path, fmt, progress)
     return LineIndex(index_path)
 

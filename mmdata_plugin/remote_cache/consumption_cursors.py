@@ -95,7 +95,10 @@ class CursorReader:
             if sequence % 2 == 0 and sequence == int(values[3]):
                 break
         else:
-            # Rewritten all along: its last whole record.
+            # Rewritten all along, or left half written by a killed run
+            # (a new writer replaces the file: map it again next time): the
+            # last whole record.
+            self._maps[slot] = None
             return self._last[slot]
         if record[0] != self._token or sequence == 0:
             # Not written by this run yet; a writer re-creates the file

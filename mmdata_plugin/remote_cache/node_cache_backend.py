@@ -85,14 +85,15 @@ def _pinned(path: str) -> Iterator[Optional[str]]:
     """A path to ``path``'s file that stays valid while in the block
     (None if the file is gone already). The store may evict (unlink) a
     file between a lookup and the caller's open; an open descriptor keeps
-    its inode, and Linux's ``/proc/self/fd`` opens it again by name."""
+    its inode, and Linux's ``/proc/<pid>/fd`` opens it again by name (by
+    pid, not ``self``: a subprocess handed the path opens it too)."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
         yield None
         return
     try:
-        by_fd = f'/proc/self/fd/{fd}'
+        by_fd = f'/proc/{os.getpid()}/fd/{fd}'
         yield by_fd if os.path.exists(by_fd) else path
     finally:
         os.close(fd)

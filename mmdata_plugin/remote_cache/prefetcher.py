@@ -262,6 +262,15 @@ class NodePrefetcher:
     def _shared(self, url: str) -> bool:
         return len(self._booked.get(self._digest(url), ())) > 1
 
+    def _sharing(self, sample: int) -> set:
+        """The other booked samples that read a file of ``sample``."""
+        return {
+            other
+            for url in self._urls.get(sample, ())
+            for other in self._booked.get(self._digest(url), ())
+            if other != sample
+        }
+
     def _stage(self, url: str, nbytes: int) -> None:
         if url not in self._staged:
             self._staged[url] = nbytes
@@ -299,11 +308,18 @@ class NodePrefetcher:
         kept = sample in self.planner.cache.until
         if kept or not reads:
             for url in urls:
-                self._unstage(url)
-                self._unmark(url)
+                if kept or not self._shared(url):
+                    # (a shared file stays staged for its other reader)
+                    self._unstage(url)
+                    self._unmark(url)
             if kept:
                 return []
-            return self._unbook(sample)
+            others = self._sharing(sample)
+            gone = self._unbook(sample)
+            for other in others:
+                # Its files are its own now: marked to go at its read.
+                gone += self._settle(other)
+            return gone
         share = self.size_of(sample) // len(urls)
         for url in urls:
             self._stage(url, share)

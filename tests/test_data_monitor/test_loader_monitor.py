@@ -199,6 +199,20 @@ def test_shared_random_draws_stay_shared_while_timed():
     assert all(same) and len(same) == 64
 
 
+def test_rewinding_loaders_without_a_bucketing_batch_sampler():
+    from mmdata_plugin.data_monitor.loader_monitor import _rewind_samplers
+
+    class Stream(IterableDataset):
+
+        def __iter__(self):
+            return iter(range(4))
+
+    for loader in (DataLoader(Stream(), batch_size=2),
+                   DataLoader(list(range(4)), batch_size=None),
+                   DataLoader([], batch_size=2)):
+        _rewind_samplers(loader)  # nothing to empty, nothing raised
+
+
 def test_concatenated_pipelines_are_told_apart():
     plain = SleepyDataset(num=6, pipeline=sleepy_pipeline((0.5, )))
     report, transforms = _measure(ConcatDataset([_nested(), plain]))

@@ -27,6 +27,16 @@ def test_a_record_being_written_is_not_read(tmp_path):
     writer.close()
 
 
+def test_a_file_left_half_written_by_a_killed_run_is_mapped_again(tmp_path):
+    killed = CursorWriter(str(tmp_path), 0, token=7)
+    killed.publish(1, 64)
+    killed._values[3] += 1  # killed inside publish: never whole again
+    reader = CursorReader(str(tmp_path), [0], token=7)
+    assert reader.read() is None
+    CursorWriter(str(tmp_path), 0, token=7).publish(3, 640)  # the restart
+    assert reader.read() == [Cursor(3, 640)]
+
+
 def _alternate(cache_dir, stop):
     writer = CursorWriter(cache_dir, 0, token=7)
     epoch = 0

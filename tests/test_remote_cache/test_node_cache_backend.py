@@ -1,4 +1,7 @@
 """NodeCacheBackend reads: what a missing object costs and says."""
+import subprocess
+import sys
+
 import pytest
 
 import mmdata_plugin  # noqa: F401  (registers the remote backends)
@@ -33,6 +36,11 @@ def test_a_copy_evicted_while_read_or_before_it_opens(tmp_path):
             store.evict(NAMESPACE, url)
             with open(path, 'rb') as file:
                 assert file.read() == data
+            # a subprocess handed the path (an external decoder) reads it
+            out = subprocess.run([sys.executable, '-c',
+                                  f'print(len(open({path!r}, "rb").read()))'],
+                                 stdout=subprocess.PIPE, text=True, check=True)
+            assert out.stdout.strip() == str(len(data))
         # Evicted between the lookup and the open: downloaded again.
         lookup = store.lookup
 

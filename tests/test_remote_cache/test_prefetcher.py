@@ -140,6 +140,28 @@ def test_samples_sharing_a_file_or_reading_none(tmp_path):
     assert prefetcher.store.counters()[READS]['misses'] == 0
 
 
+def test_a_shared_file_stays_staged_for_its_other_reader(tmp_path):
+    files = make_source(str(tmp_path / 'remote'), 1)
+
+    def urls(sample):
+        return files(0)  # two persons of one picture
+
+    prefetcher, *_ = build(tmp_path, urls=urls)
+    prefetcher.planner = mock.Mock(cache=mock.Mock(until={}))
+    prefetcher.marks.reset()
+    for sample in (0, 1):  # both read ahead, neither kept
+        prefetcher._book(sample)
+        prefetcher._reads[sample] = 1
+        prefetcher._settle(sample)
+    del prefetcher._reads[0]  # sample 0's read has passed
+    assert prefetcher._settle(0) == []  # sample 1 still reads the file
+    assert prefetcher._staged_bytes > 0
+    assert prefetcher._still_needed(1, files(0)[0])
+    # Its reader alone now: the file goes at that read.
+    assert list(prefetcher._marked.values()) == [(1, files(0)[0])]
+    prefetcher.close()
+
+
 def test_files_read_ahead_are_freed_at_their_read(tmp_path):
     # The DataLoaders read 32 ticks ahead of the loop, more than the 6
     # samples of reserve: each file the plan does not keep goes once a

@@ -37,35 +37,58 @@ def node_ranks() -> tuple:
     return int(local_rank), int(local_size)
 
 
-def iteration_position(stream: NodeStream, iters: int, batch_size: int,
-                       drop_last: bool) -> tuple:
-    """``(epoch, global samples consumed in it)`` after ``iters`` batches
-    of an iteration-based loop over an order with epoch ends: mmengine's
-    infinite iterator restarts the DataLoader at each, so an epoch spans
-    ``ceil`` (``floor`` with ``drop_last``) ``per-rank positions /
-    batch_size`` batches."""
-    world_size, remaining, epoch = stream.world_size, iters, 0
-    while True:
-        per_rank = stream.order.epoch_length(epoch) // world_size
-        batches = (per_rank // batch_size
-                   if drop_last else -(-per_rank // batch_size))
-        if remaining <= batches:
-            return epoch, remaining * batch_size * world_size
-        remaining -= batches
-        epoch += 1
-        if epoch > iters and not batches:
-            raise ValueError(
-                f'the train sampler yields no batch of {batch_size} in '
-                f'epochs up to {epoch}')
+class EpochWalk:
+    """Where an iteration-based loop is in an order with epoch ends:
+    mmengine's infinite iterator restarts the DataLoader at each, so an
+    epoch spans ``ceil`` (``floor`` with ``drop_last``) ``per-rank
+    positions / batch_size`` batches. It remembers the epoch it reached,
+    so positions asked in increasing order (one per iteration) cost O(1)
+    each, whatever the epoch.
+
+    Args:
+        stream (NodeStream): The node's stream (its order and world size).
+        batch_size (int): Batch size of one rank.
+        drop_last (bool): Whether a last partial batch is dropped.
+    """
+
+    def __init__(self, stream: NodeStream, batch_size: int,
+                 drop_last: bool) -> None:
+        self.stream = stream
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+        self._epoch, self._before = 0, 0  # an epoch, iterations before it
+
+    def _batches(self, epoch: int) -> int:
+        per_rank = (self.stream.order.epoch_length(epoch) //
+                    self.stream.world_size)
+        if self.drop_last:
+            return per_rank // self.batch_size
+        return -(-per_rank // self.batch_size)
+
+    def position(self, iters: int) -> tuple:
+        """``(epoch, global samples consumed in it)`` after ``iters``
+        batches (the end of an epoch, not the start of the next)."""
+        if iters < self._before:
+            self._epoch, self._before = 0, 0
+        while True:
+            batches = self._batches(self._epoch)
+            if iters - self._before <= batches:
+                return self._epoch, ((iters - self._before) * self.batch_size *
+                                     self.stream.world_size)
+            if not batches and self._epoch > iters:
+                raise ValueError(
+                    f'the train sampler yields no batch of {self.batch_size} '
+                    f'in epochs up to {self._epoch}')
+            self._before += batches
+            self._epoch += 1
 
 
 def iteration_stop(stream: NodeStream, max_iters: int, batch_size: int,
                    drop_last: bool) -> tuple:
     """``(stop tick, epochs)`` of an iteration-based loop of ``max_iters``
-    batches over an order with epoch ends (see
-    :func:`iteration_position`)."""
-    epoch, consumed = iteration_position(stream, max_iters, batch_size,
-                                         drop_last)
+    batches over an order with epoch ends (see :class:`EpochWalk`)."""
+    epoch, consumed = EpochWalk(stream, batch_size,
+                                drop_last).position(max_iters)
     return stream.tick_of(epoch, consumed), epoch + 1
 
 
@@ -155,6 +178,7 @@ class RemoteCachePrefetchHook(Hook):
         self._loader = None
         self._infinite: Optional[bool] = None
         self._node_stream: Optional[NodeStream] = None
+        self._walk: Optional[EpochWalk] = None
 
     # -- setup ----------------------------------------------------------------
 
@@ -229,9 +253,11 @@ class RemoteCachePrefetchHook(Hook):
         if isinstance(loop, IterBasedTrainLoop):
             # runner.epoch stays 0 and batch_idx counts every iteration,
             # while the DataLoader restarts at each epoch end.
-            return iteration_position(self._node_stream, runner.iter + 1,
-                                      self._loader.batch_size,
-                                      _drop_last(self._loader))
+            if self._walk is None:
+                self._walk = EpochWalk(self._node_stream,
+                                       self._loader.batch_size,
+                                       _drop_last(self._loader))
+            return self._walk.position(runner.iter + 1)
         return runner.epoch, (batch_idx + 1) * per_batch
 
     def _start_prefetcher(self, runner, stream: NodeStream) -> None:
