@@ -20,6 +20,7 @@ from ...remote_cache.pipeline_routing import (SampleFiles,
                                               route_through_node_cache)
 from ...remote_cache.prefetch_process import PrefetchProcess, PrefetchSpec
 from ...remote_cache.sample_order import sample_order_of
+from ..runner.resumable_batch_sampler import batch_count
 
 
 def node_ranks() -> tuple:
@@ -59,11 +60,9 @@ class EpochWalk:
         self._epoch, self._before = 0, 0  # an epoch, iterations before it
 
     def _batches(self, epoch: int) -> int:
-        per_rank = (self.stream.order.epoch_length(epoch) //
-                    self.stream.world_size)
-        if self.drop_last:
-            return per_rank // self.batch_size
-        return -(-per_rank // self.batch_size)
+        return batch_count(
+            self.stream.order.epoch_length(epoch) // self.stream.world_size,
+            self.batch_size, self.drop_last)
 
     def position(self, iters: int) -> tuple:
         """``(epoch, global samples consumed in it)`` after ``iters``

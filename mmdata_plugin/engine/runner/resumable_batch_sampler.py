@@ -80,6 +80,14 @@ def set_sampler_epoch(dataloader, epoch: int) -> None:
         dataloader.batch_sampler.sampler.set_epoch(epoch)
 
 
+def batch_count(positions: int, batch_size: int, drop_last: bool) -> int:
+    """Batches torch's ``BatchSampler`` makes of a pass of ``positions``
+    indices: ``ceil`` (``floor`` with ``drop_last``) of their ratio."""
+    if drop_last:
+        return positions // batch_size
+    return -(-positions // batch_size)
+
+
 class ResumableBatchSampler:
     """Serves a batch sampler's batches from any position of its stream.
 
@@ -165,10 +173,9 @@ class ResumableBatchSampler:
         sizes = getattr(self.sampler, 'epoch_total_size', None)
         if getattr(self.sampler, 'equal_epochs', True) or sizes is None:
             return None
-        per_rank = int(sizes(epoch)) // self.world_size
-        if getattr(self.batch_sampler, 'drop_last', False):
-            return per_rank // self.batch_size
-        return -(-per_rank // self.batch_size)
+        return batch_count(
+            int(sizes(epoch)) // self.world_size, self.batch_size,
+            bool(getattr(self.batch_sampler, 'drop_last', False)))
 
     def set_seed(self, seed: int) -> None:
         """Use ``seed`` for the sampler's order and the per-sample seeds."""
