@@ -38,6 +38,9 @@ VICTIMS_FILE = os.path.join('planner', 'victims.txt')
 VICTIMS_MAX_AGE = 10.0
 #: Reads of a file evicted between its lookup and its open.
 _EVICTED_RETRIES = 3
+#: Whether open files can be named by descriptor (Linux's /proc); looked
+#: up once, not on every read.
+_PROC_FD = os.path.isdir('/proc/self/fd')
 
 
 class PlannedEviction:
@@ -93,8 +96,7 @@ def _pinned(path: str) -> Iterator[Optional[str]]:
         yield None
         return
     try:
-        by_fd = f'/proc/{os.getpid()}/fd/{fd}'
-        yield by_fd if os.path.exists(by_fd) else path
+        yield f'/proc/{os.getpid()}/fd/{fd}' if _PROC_FD else path
     finally:
         os.close(fd)
 

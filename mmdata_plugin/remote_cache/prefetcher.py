@@ -301,11 +301,10 @@ class NodePrefetcher:
         urls = self._urls.get(sample)
         if urls is None:
             return []
-        if not urls:
-            return [] if sample in self.planner.cache.until else \
-                self._unbook(sample)
-        reads = self._reads.get(sample, 0)
         kept = sample in self.planner.cache.until
+        if not urls:
+            return [] if kept else self._unbook(sample)
+        reads = self._reads.get(sample, 0)
         if kept or not reads:
             for url in urls:
                 if kept or not self._shared(url):
