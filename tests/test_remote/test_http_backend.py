@@ -152,10 +152,10 @@ def test_pickles_without_its_connections():
 
 
 @pytest.mark.parametrize('args', [
-    ('http://h/a.jpg', 'remote object not found (HTTP 404)'),
+    ('http://127.0.0.1/a.jpg', 'remote object not found (HTTP 404)'),
     # as a DataLoader re-raises a worker's error: its message alone
     ('Caught RemoteNotFoundError in DataLoader worker process 0.\n'
-     'Traceback ...: http://h/a.jpg', ),
+     'Traceback ...: http://127.0.0.1/a.jpg', ),
 ])
 def test_errors_survive_pickling(args):
     from mmdata_plugin.remote.errors import RemoteNotFoundError
