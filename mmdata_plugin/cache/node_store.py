@@ -82,7 +82,8 @@ from typing import (BinaryIO, Callable, Dict, Iterable, Iterator, List,
                     NamedTuple, Optional, Sequence, Tuple, Union)
 
 from .process_owner import (current_owner, owner_file_name,
-                            owner_from_file_name, owner_is_alive)
+                            owner_from_file_name, owner_is_alive,
+                            remove_files_of_dead_owners)
 from .size_units import format_size, parse_size
 from .store_counters import Counts, StoreCounters, merge_counts
 from .store_ledger import EntryRow, StoreLedger
@@ -709,13 +710,10 @@ class NodeStore:
                 self._ledger.insert_entry(EntryRow(
                     row.digest, row.namespace, row.key,
                     os.path.getsize(path), time.time()))
-        tmp = os.path.join(self.cache_dir, 'tmp')
-        for name in os.listdir(tmp):
-            path = os.path.join(tmp, name)
-            owner = owner_from_file_name(name)
-            with contextlib.suppress(FileNotFoundError):
-                if owner is None or dead(owner, os.path.getmtime(path)):
-                    os.unlink(path)
+        remove_files_of_dead_owners(
+            os.path.join(self.cache_dir, 'tmp'),
+            foreign_max_age=self.temp_max_age,
+            unowned=True)
 
         def counters_dead(name):
             owner = owner_from_file_name(name)

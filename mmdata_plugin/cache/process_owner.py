@@ -4,6 +4,7 @@ An owner is ``host:pid:start`` where ``start`` is the process start time from
 ``/proc/<pid>/stat`` (clock ticks since boot). A bare pid is not enough: pids
 are reused, and a reused pid would keep a dead writer's reservation alive.
 """
+import contextlib
 import os
 import socket
 import time
@@ -72,3 +73,34 @@ def owner_from_file_name(name: str) -> Optional[str]:
     if '+' not in name:
         return None
     return name.split('+', 1)[0].replace('@', ':')
+
+
+def remove_files_of_dead_owners(folder: str,
+                                prefix: str = '',
+                                foreign_max_age: float = 6 * 3600,
+                                unowned: bool = False) -> None:
+    """Delete the files of ``folder`` named ``prefix`` + an
+    :func:`owner_file_name` whose owner no longer runs (what a killed
+    writer left); with ``unowned``, also those that name no owner.
+
+    Args:
+        folder (str): The folder (missing: nothing to do).
+        prefix (str): Only names starting with it are considered.
+        foreign_max_age (float): See :func:`owner_is_alive`.
+        unowned (bool): Delete the files that name no owner too.
+    """
+    try:
+        names = os.listdir(folder)
+    except FileNotFoundError:
+        return
+    for name in names:
+        if not name.startswith(prefix):
+            continue
+        owner = owner_from_file_name(name[len(prefix):])
+        if owner is None and not unowned:
+            continue
+        path = os.path.join(folder, name)
+        with contextlib.suppress(FileNotFoundError):
+            if owner is None or not owner_is_alive(
+                    owner, os.path.getmtime(path), foreign_max_age):
+                os.unlink(path)

@@ -37,7 +37,7 @@ import numpy as np
 from mmengine.logging import print_log
 
 from ..cache.process_owner import (current_owner, owner_file_name,
-                                   owner_from_file_name, owner_is_alive)
+                                   remove_files_of_dead_owners)
 from .annotation_lines import (LINE_FORMATS, UTF8_BOM, AnnotationFormatError,
                                sample_line_starts)
 
@@ -433,16 +433,7 @@ def _remove_abandoned_builds(index_path: str) -> None:
     """Delete the temp files of builds of ``index_path`` whose process is
     gone (an index of 1e9 lines is 8 GB)."""
     folder, stem = osp.split(osp.abspath(index_path))
-    prefix = stem + _TMP_INFIX
-    with contextlib.suppress(FileNotFoundError):
-        for name in os.listdir(folder):
-            owner = owner_from_file_name(name[len(prefix):]) if \
-                name.startswith(prefix) else None
-            path = osp.join(folder, name)
-            with contextlib.suppress(FileNotFoundError):
-                if owner and not owner_is_alive(owner,
-                                                os.path.getmtime(path)):
-                    os.remove(path)
+    remove_files_of_dead_owners(folder, prefix=stem + _TMP_INFIX)
 
 
 def build_line_index(ann_file: str,
