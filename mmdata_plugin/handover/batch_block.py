@@ -1,0 +1,318 @@
+"""One shared-memory block per batch: pack in the worker, view in the trainer.
+
+A DataLoader worker hands each tensor of a batch to the training process as
+its own shared-memory segment, received by a file-descriptor round trip and
+pinned one by one: with ``pseudo_collate`` that is two segments per sample
+(the image and a one-element label), hundreds per batch. :func:`pack_batch`
+copies every tensor and numeric numpy array of a collated batch into ONE
+uint8 block and pickles the rest of the structure (data samples, boxes,
+metainfo: whatever the wrapped collate made) without them. The training
+process receives one segment, pins it with one copy, moves it to the device
+with one copy, and :meth:`BatchBlock.unpack` rebuilds the structure with
+views into the block: the same types, shapes, dtypes and bytes.
+
+Layout: tensors below :data:`SMALL_BYTES` (labels, boxes, metainfo
+arrays) come first and are cloned out of the block when unpacked, so a
+consumer that keeps a label (an evaluator collecting ``gt_label``) keeps a
+few bytes alive, not the batch's pixels.
+"""
+import io
+import pickle
+import time
+from collections.abc import Mapping
+from typing import Any, Iterator, List, Optional, Tuple
+
+import numpy as np
+import torch
+
+from ..utils.receipt_stamp import ReceiptStamp
+
+#: Tensors/arrays smaller than this are kept apart from the pixels (see the
+#: module docstring).
+SMALL_BYTES = 4096
+#: Offsets are aligned so that every dtype can view its slice.
+ALIGN = 64
+_perf_counter = time.perf_counter
+#: Whether a block received in this process stays packed for a
+#: DeviceFeeder (see :func:`receive_packed`).
+_RECEIVE_PACKED = [False]
+
+
+def _aligned(offset: int) -> int:
+    return (offset + ALIGN - 1) // ALIGN * ALIGN
+
+
+def _new_shared_block(nbytes: int) -> torch.Tensor:
+    """A uint8 tensor whose storage already lives in shared memory.
+
+    Inside a DataLoader worker torch moves a returned tensor's storage to
+    shared memory with a full copy; a storage made shared from the start
+    (what torch's own ``default_collate`` does, through the same private
+    ``_new_shared``) is sent as it is.
+    """
+    if torch.utils.data.get_worker_info() is None:
+        return torch.empty(nbytes, dtype=torch.uint8)
+    storage = torch.UntypedStorage._new_shared(nbytes)
+    return torch.empty(0, dtype=torch.uint8).set_(storage, 0, (nbytes, ),
+                                                  (1, ))
+
+
+class Stacked:
+    """Equal-shape tensors that :func:`pack_batch` lays out back to back
+    and that come out as one stacked tensor (a view, no copy)."""
+
+    __slots__ = ('tensors', )
+
+    def __init__(self, tensors: List[torch.Tensor]) -> None:
+        self.tensors = tensors
+
+
+class _Entry:
+    """Where one tensor, array or stack lives in the block."""
+
+    __slots__ = ('kind', 'items', 'dtype', 'shape', 'nbytes', 'offset')
+
+    def __init__(self, kind: str, items: list, dtype, shape: tuple,
+                 nbytes: int) -> None:
+        self.kind = kind  # 'tensor', 'array' or 'stack'
+        self.items = items
+        self.dtype = dtype
+        self.shape = shape
+        self.nbytes = nbytes
+        self.offset = 0
+
+    def plain(self) -> tuple:
+        return self.kind, self.dtype, self.shape, self.nbytes, self.offset
+
+
+def _is_packable_tensor(obj) -> bool:
+    # Subclasses (nn.Parameter, tensor subclasses of other libraries) carry
+    # state of their own: they travel as torch sends them.
+    return (type(obj) is torch.Tensor and obj.device.type == 'cpu'
+            and obj.layout == torch.strided and not obj.requires_grad
+            and not obj.is_quantized)
+
+
+def _is_packable_array(obj) -> bool:
+    return type(obj) is np.ndarray and obj.dtype.kind in 'biufc'
+
+
+class _PackingPickler(pickle.Pickler):
+    """Pickles a batch with its tensors and arrays replaced by entries."""
+
+    def __init__(self, file) -> None:
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self.entries: List[_Entry] = []
+
+    def persistent_id(self, obj) -> Optional[int]:
+        if _is_packable_tensor(obj):
+            entry = _Entry('tensor', [obj], obj.dtype, tuple(obj.shape),
+                           obj.numel() * obj.element_size())
+        elif _is_packable_array(obj):
+            entry = _Entry('array', [obj], obj.dtype, obj.shape, obj.nbytes)
+        elif type(obj) is Stacked:
+            first = obj.tensors[0]
+            shape = (len(obj.tensors), *first.shape)
+            entry = _Entry('stack', obj.tensors, first.dtype, shape,
+                           len(obj.tensors) * first.numel() *
+                           first.element_size())
+        else:
+            return None
+        self.entries.append(entry)
+        return len(self.entries) - 1
+
+
+def _place(entries: List[_Entry]) -> Tuple[int, int]:
+    """Give each entry its offset, small ones first.
+
+    Returns:
+        tuple: (end of the small region, total bytes).
+    """
+    offset = 0
+    for small in (True, False):
+        for entry in entries:
+            if (entry.nbytes < SMALL_BYTES) == small:
+                entry.offset = offset
+                offset = _aligned(offset + entry.nbytes)
+        if small:
+            small_end = offset
+    return small_end, max(offset, 1)
+
+
+def _copy_in(block: torch.Tensor, entry: _Entry) -> None:
+    target = block[entry.offset:entry.offset + entry.nbytes]
+    if entry.kind == 'array':
+        target.numpy().view(entry.dtype).reshape(entry.shape)[...] = (
+            entry.items[0])
+        return
+    view = target.view(entry.dtype)
+    if entry.kind == 'tensor':
+        view.view(entry.shape).copy_(entry.items[0])
+    else:
+        torch.stack(entry.items, out=view.view(entry.shape))
+
+
+def pack_batch(batch: dict) -> 'BatchBlock':
+    """Pack every CPU tensor and numeric array of ``batch`` into one block.
+
+    Args:
+        batch (dict): A collated batch (its values any picklable
+            structure). :class:`Stacked` placeholders in it come out as one
+            stacked tensor.
+
+    Returns:
+        BatchBlock: The block and the structure that views it again.
+    """
+    buffer = io.BytesIO()
+    pickler = _PackingPickler(buffer)
+    pickler.dump(batch)
+    entries = pickler.entries
+    small_end, total = _place(entries)
+    block = _new_shared_block(total)
+    for entry in entries:
+        _copy_in(block, entry)
+    return BatchBlock(block, buffer.getvalue(),
+                      [entry.plain() for entry in entries], small_end)
+
+
+class _ViewingUnpickler(pickle.Unpickler):
+    """Rebuilds a packed batch with views into its block(s)."""
+
+    def __init__(self, file, entries: list, small: torch.Tensor,
+                 large: torch.Tensor, host: torch.Tensor,
+                 small_end: int) -> None:
+        super().__init__(file)
+        self.entries = entries
+        self.small, self.large, self.host = small, large, host
+        self.small_end = small_end
+
+    def persistent_load(self, pid: int):
+        kind, dtype, shape, nbytes, offset = self.entries[pid]
+        if kind == 'array':
+            # numpy arrays stay on the host whatever the device.
+            data = self.host[offset:offset + nbytes].numpy()
+            return data.view(dtype).reshape(shape)
+        if offset < self.small_end or nbytes == 0:
+            source = self.small[offset:offset + nbytes]
+        else:
+            start = offset - self.small_end
+            source = self.large[start:start + nbytes]
+        return source.view(dtype).view(shape)
+
+
+class BatchBlock(Mapping):
+    """A batch dict packed by :func:`pack_batch`: one block plus its
+    structure.
+
+    It crosses the worker boundary as one shared-memory segment (plus the
+    pickled structure, which holds no tensor). ``pin_memory`` (torch's
+    protocol for custom batch types, called by the DataLoader's pin-memory
+    thread) pins the block with one copy. ``DeviceFeedHook`` moves it to the
+    device and unpacks it there; without the hook it reads as the batch
+    dict itself (unpacked into views of the host block at the first
+    access), so a data preprocessor still gets what it expects.
+    ``handover_stages`` holds what the training process spent on it
+    (seconds): ``receive`` (unpickling it, the segment's file-descriptor
+    round trip included), ``pin``, and what
+    :class:`~mmdata_plugin.handover.DeviceFeeder` adds.
+
+    Args:
+        block (Tensor): The uint8 block.
+        structure (bytes): The batch pickled without its tensors.
+        entries (list[tuple]): ``(kind, dtype, shape, nbytes, offset)`` of
+            each tensor, array or stack, by persistent id.
+        small_end (int): Where the region of small tensors ends.
+    """
+
+    __slots__ = ('block', 'structure', 'entries', 'small_end',
+                 'handover_stages', '_unpacked')
+
+    def __init__(self, block: torch.Tensor, structure: bytes, entries: list,
+                 small_end: int) -> None:
+        self.block = block
+        self.structure = structure
+        self.entries = entries
+        self.small_end = small_end
+        self.handover_stages = {}
+        self._unpacked: Optional[dict] = None
+
+    def _batch(self) -> dict:
+        if self._unpacked is None:
+            self._unpacked = self.unpack()
+        return self._unpacked
+
+    def __getitem__(self, key):
+        return self._batch()[key]
+
+    def __iter__(self) -> Iterator:
+        return iter(self._batch())
+
+    def __len__(self) -> int:
+        return len(self._batch())
+
+    def __reduce__(self):
+        return _received, (ReceiptStamp(), self.block, self.structure,
+                           self.entries, self.small_end)
+
+    def pin_memory(self, *args, **kwargs) -> 'BatchBlock':
+        start = _perf_counter()
+        self.block = self.block.pin_memory()
+        self._unpacked = None
+        self.handover_stages['pin'] = _perf_counter() - start
+        return self
+
+    @property
+    def nbytes(self) -> int:
+        return self.block.numel()
+
+    def to_device(self, device: torch.device,
+                  non_blocking: bool = False) -> Tuple[torch.Tensor, ...]:
+        """The block on ``device`` as (small region, large region).
+
+        The small region is a copy of its own, so keeping a small tensor
+        does not keep the large region alive.
+        """
+        block = self.block
+        if block.device != device:
+            block = block.to(device, non_blocking=non_blocking)
+        return block[:self.small_end].clone(), block[self.small_end:]
+
+    def unpack(self, small: Optional[torch.Tensor] = None,
+               large: Optional[torch.Tensor] = None) -> Any:
+        """The batch as the wrapped collate made it, with views.
+
+        Args:
+            small, large (Tensor, optional): The block's two regions on the
+                target device (:meth:`to_device`); the host block's by
+                default. Numpy arrays always view the host block.
+        """
+        if small is None:
+            small, large = self.to_device(self.block.device)
+        unpickler = _ViewingUnpickler(
+            io.BytesIO(self.structure), self.entries, small, large,
+            self.block, self.small_end)
+        return unpickler.load()
+
+
+def receive_packed(enabled: bool) -> bool:
+    """Whether blocks received from now on stay packed; returns the old
+    setting.
+
+    Off (the default), a block is unpacked into the batch dict as it
+    arrives, so any consumer gets exactly what the wrapped collate made (a
+    dict, its tensors views of one shared-memory block; ``pin_memory`` then
+    pins them one by one). On, it arrives as a :class:`BatchBlock` for a
+    :class:`~mmdata_plugin.handover.DeviceFeeder` to pin, move and unpack
+    in one piece: ``DeviceFeedHook`` turns it on while it feeds.
+    """
+    previous, _RECEIVE_PACKED[0] = _RECEIVE_PACKED[0], enabled
+    return previous
+
+
+def _received(started: float, block: torch.Tensor, structure: bytes,
+              entries: list, small_end: int):
+    batch = BatchBlock(block, structure, entries, small_end)
+    if not _RECEIVE_PACKED[0]:
+        return batch.unpack()
+    batch.handover_stages['receive'] = _perf_counter() - started
+    return batch

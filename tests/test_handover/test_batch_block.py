@@ -1,0 +1,103 @@
+import pickle
+
+import numpy as np
+import pytest
+import torch
+from handover_samples import SAMPLES, assert_same
+from mmengine.dataset import default_collate, pseudo_collate
+
+from mmdata_plugin.handover import BatchBlock, Stacked, pack_batch
+from mmdata_plugin.handover.batch_block import SMALL_BYTES
+from mmdata_plugin.handover.block_collate import _stack_inputs
+
+
+def _through_pickle(block: BatchBlock) -> BatchBlock:
+    return pickle.loads(pickle.dumps(block))
+
+
+@pytest.mark.parametrize('kind', sorted(SAMPLES))
+def test_every_structure_comes_back_with_its_bytes(kind):
+    batch = pseudo_collate([SAMPLES[kind](i) for i in range(6)])
+    block = _through_pickle(pack_batch(batch))
+    assert_same(block.unpack(), batch)
+
+
+def test_one_block_holds_every_tensor_and_array():
+    batch = pseudo_collate([SAMPLES['detection'](i) for i in range(4)])
+    block = pack_batch(batch)
+    entries = block.entries
+    # 4 images, 4 x (boxes, labels, masks array, empty ignored boxes)
+    assert len(entries) == 4 * 5
+    assert {e[0] for e in entries} == {'tensor', 'array'}
+    # No tensor storage is pickled inside the structure.
+    assert b'_rebuild_tensor' not in block.structure
+    assert b'storage' not in block.structure.lower()
+
+
+def test_stacked_inputs_are_one_view_of_the_block():
+    samples = [SAMPLES['classification'](i) for i in range(5)]
+    batch = _stack_inputs(pseudo_collate(samples))
+    assert type(batch['inputs']) is Stacked
+    out = _through_pickle(pack_batch(batch)).unpack()
+    expected = default_collate(samples)['inputs']
+    assert_same(out['inputs'], expected)
+    assert out['inputs'].is_contiguous()
+
+
+def test_inputs_of_different_shapes_stay_a_list():
+    batch = pseudo_collate([SAMPLES['detection'](i) for i in range(4)])
+    assert _stack_inputs(batch) is batch
+
+
+def test_a_kept_label_does_not_keep_the_pixels_alive():
+    batch = pseudo_collate([SAMPLES['classification'](i, size=64)
+                            for i in range(8)])
+    out = _through_pickle(pack_batch(_stack_inputs(batch))).unpack()
+    label = out['data_samples'][3].gt_label.label
+    assert label.untyped_storage().nbytes() < SMALL_BYTES
+    image_storage = out['inputs'].untyped_storage().nbytes()
+    assert image_storage >= 8 * 3 * 64 * 64
+    assert label.untyped_storage().data_ptr() != (
+        out['inputs'].untyped_storage().data_ptr())
+
+
+def test_odd_tensors_keep_dtype_shape_and_values():
+    batch = dict(
+        strided=torch.arange(60, dtype=torch.float32).view(6, 10)[:, ::3],
+        empty=torch.zeros(0, 4),
+        flags=torch.tensor([True, False, True]),
+        wide=torch.arange(5, dtype=torch.float64) / 3,
+        half=torch.rand(3, 7).to(torch.bfloat16),
+        scalar=torch.tensor(3),
+        array=np.arange(12, dtype=np.int16).reshape(3, 4)[:, ::2],
+        text=['a', 'b'],
+        nothing=None)
+    out = _through_pickle(pack_batch(batch)).unpack()
+    assert_same(out, batch)
+
+
+def test_tensor_subclasses_keep_their_type():
+    # A Parameter pickles as its plain data (packed) plus its own state.
+    weight = torch.nn.Parameter(torch.ones(3))
+    out = _through_pickle(pack_batch(dict(weight=weight))).unpack()
+    assert type(out['weight']) is torch.nn.Parameter
+    assert torch.equal(out['weight'], weight)
+
+
+def test_receipt_is_timed():
+    block = _through_pickle(pack_batch(dict(inputs=torch.ones(3))))
+    assert block.handover_stages['receive'] >= 0
+
+
+def test_unpacking_onto_another_device_keeps_arrays_on_the_host():
+    batch = pseudo_collate([SAMPLES['detection'](i) for i in range(3)])
+    block = _through_pickle(pack_batch(batch))
+    meta = torch.device('meta')
+    out = block.unpack(*block.to_device(meta))
+    sample = out['data_samples'][0]
+    assert out['inputs'][0].device == meta
+    assert sample.gt_instances.labels.device == meta
+    assert sample.gt_instances.bboxes.tensor.device == meta
+    assert isinstance(sample.gt_instances.masks.masks, np.ndarray)
+    assert np.array_equal(sample.gt_instances.masks.masks,
+                          batch['data_samples'][0].gt_instances.masks.masks)
