@@ -14,8 +14,8 @@ except ImportError as error:  # pragma: no cover - depends on the install
         'compiled ops) or keep your full `mmcv`: `pip install mmcv-lite`.'
     ) from error
 
-from . import (datasets, engine, evaluation, models, remote,  # noqa: F401
-               remote_cache, transforms)
+from . import (datasets, engine, evaluation, handover,  # noqa: F401
+               models, remote, remote_cache, transforms)
 from .utils import install_safe_checkpoint_loading
 from .version import __version__
 

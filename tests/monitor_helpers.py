@@ -277,6 +277,7 @@ def train(work_dir,
           hook=None,
           val=False,
           batch_sampler=None,
+          feed=False,
           **cfg):
     """Train :class:`SleepyModel` on the sleepy pipeline; return the runner.
 
@@ -329,6 +330,8 @@ def train(work_dir,
                 warmup_iters=1,
                 plot=False), **(hook or {}))
     ] if monitor else []
+    if feed:
+        hooks.append(dict(type='DeviceFeedHook'))
     default_hooks = dict(
         logger=dict(type='LoggerHook', interval=1),
         checkpoint=dict(type='CheckpointHook', interval=10**6))

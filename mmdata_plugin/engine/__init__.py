@@ -1,11 +1,12 @@
-from .hooks import (DataMonitorHook, FastResumeHook, RemoteCachePrefetchHook,
+from .hooks import (DataMonitorHook, DeviceFeedHook, FastResumeHook, RemoteCachePrefetchHook,
                     apply_data_monitor_env)
 from .optim import CPUAutocastOptimWrapper
 from .runner import (FastResumeEpochBasedTrainLoop,
                      FastResumeIterBasedTrainLoop)
 
 __all__ = [
-    'CPUAutocastOptimWrapper', 'DataMonitorHook', 'FastResumeHook',
+    'CPUAutocastOptimWrapper', 'DataMonitorHook', 'DeviceFeedHook',
+    'FastResumeHook',
     'FastResumeEpochBasedTrainLoop', 'FastResumeIterBasedTrainLoop',
     'RemoteCachePrefetchHook',
     'apply_data_monitor_env'

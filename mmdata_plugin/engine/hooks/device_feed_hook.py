@@ -1,0 +1,154 @@
+"""DeviceFeedHook: batches reach the model's device one step ahead."""
+from typing import Optional
+
+import torch
+from mmengine.hooks import Hook
+from mmengine.model import is_model_wrapper
+from mmengine.registry import HOOKS
+from torch.utils.data import DataLoader
+
+from mmdata_plugin.handover import (DeviceFeeder, pass_device_batches,
+                                    receive_packed)
+from mmdata_plugin.utils.dataloader_slots import rebind_dataloader_attribute
+
+_FED_LOADER_CLASSES = {}
+
+
+def _fed_loader_class(base: type) -> type:
+    """``base`` whose ``__iter__`` returns a :class:`DeviceFeeder`."""
+    cls = _FED_LOADER_CLASSES.get(base)
+    if cls is None:
+
+        def __iter__(self):
+            feed = self._device_feed
+            return DeviceFeeder(base.__iter__(self), feed.device,
+                                feed.on_batch)
+
+        cls = type(f'Fed{base.__name__}', (base, ),
+                   dict(__iter__=__iter__, __module__=__name__))
+        _FED_LOADER_CLASSES[base] = cls
+    return cls
+
+
+class _Feed:
+    """What the fed loader class needs: the device and the stage sink."""
+
+    def __init__(self, loader: DataLoader, device: torch.device) -> None:
+        self.loader = loader
+        self.device = device
+
+    def on_batch(self, stages: dict) -> None:
+        # DataMonitorHook's monitor, when one measures this loader.
+        monitor = getattr(self.loader, '_data_monitor', None)
+        if monitor is not None:
+            monitor.add_trainer_stages(
+                {k: stages[k]
+                 for k in ('to_device', 'unpack') if k in stages})
+
+
+@HOOKS.register_module()
+class DeviceFeedHook(Hook):
+    """Feed the training batches to the model's device one step ahead.
+
+    With ``collate_fn=dict(type='block_collate')`` in ``train_dataloader``,
+    each batch arrives in the training process as one shared-memory block
+    (pinned once with ``pin_memory=True``); this hook copies the next
+    block to the device on a side CUDA stream while the current step runs
+    (one non-blocking copy), unpacks it into views on the device, and lets
+    the data preprocessor skip its per-sample moves. The data preprocessor
+    and the model see what they see without it: the same structure, values
+    and order. On a CPU device the block is unpacked into views of the host
+    block. Batches of other collates pass unchanged (the data preprocessor
+    moves them, as without the hook).
+
+    Config::
+
+        train_dataloader = dict(..., pin_memory=True,
+                                collate_fn=dict(type='block_collate'))
+        custom_hooks = [dict(type='DeviceFeedHook')]
+
+    Args:
+        device (str, optional): Where the batches go. Defaults to the
+            device of the model's data preprocessor.
+    """
+
+    # After DataMonitorHook (NORMAL): it restarts the iterators a loop has
+    # started, and the feeder wraps what it leaves.
+    priority = 'BELOW_NORMAL'
+
+    def __init__(self, device: Optional[str] = None) -> None:
+        self.device = None if device is None else torch.device(device)
+        self._loader: Optional[DataLoader] = None
+        self._base_class: Optional[type] = None
+        self._preprocessor = None
+        self._received_packed = False
+
+    def before_train(self, runner) -> None:
+        loop = runner.train_loop
+        loader = getattr(loop, 'dataloader', None)
+        if not isinstance(loader, DataLoader):
+            runner.logger.warning(
+                'DeviceFeedHook needs a torch DataLoader as '
+                f'train_loop.dataloader, got {type(loader).__name__}; '
+                'batches are not fed ahead.')
+            return
+        model = runner.model.module if is_model_wrapper(
+            runner.model) else runner.model
+        preprocessor = getattr(model, 'data_preprocessor', None)
+        device = self.device or getattr(preprocessor, 'device', None)
+        if device is None:
+            device = next(model.parameters()).device
+        self._install(loader, torch.device(device), loop)
+        self._received_packed = receive_packed(True)
+        if preprocessor is not None and hasattr(preprocessor, 'cast_data'):
+            # An instance attribute shadows the class's method for this
+            # model only; after_train removes it.
+            preprocessor.cast_data = pass_device_batches(
+                preprocessor.cast_data)
+            self._preprocessor = preprocessor
+        runner.logger.info(
+            f'DeviceFeedHook: batches go to {device} one step ahead'
+            f"{' on a side stream' if torch.device(device).type == 'cuda' else ''}"
+            '; collate_fn packs them into one block: '
+            f'{_uses_block_collate(loader)}.')
+
+    def _install(self, loader: DataLoader, device: torch.device,
+                 loop) -> None:
+        self._loader = loader
+        self._base_class = type(loader)
+        loader._device_feed = _Feed(loader, device)
+        rebind_dataloader_attribute(loader, '__class__',
+                                    _fed_loader_class(self._base_class))
+        # An iterator the loop started before this hook (stock
+        # IterBasedTrainLoop starts one in __init__, held by mmengine's
+        # _InfiniteDataloaderIterator) is wrapped where it is held; the
+        # workers need no change.
+        holder = getattr(loop, 'dataloader_iterator', None)
+        started = getattr(holder, '_iterator', None)
+        if started is not None and not isinstance(started, DeviceFeeder):
+            holder._iterator = DeviceFeeder(started, device,
+                                            loader._device_feed.on_batch)
+
+    def after_train(self, runner) -> None:
+        receive_packed(self._received_packed)
+        if self._preprocessor is not None:
+            del self._preprocessor.cast_data
+            self._preprocessor = None
+        if self._loader is not None:
+            # DataMonitorHook ends before this hook and puts back the class
+            # it found, which drops this hook's subclass too.
+            if type(self._loader) is _fed_loader_class(self._base_class):
+                rebind_dataloader_attribute(self._loader, '__class__',
+                                            self._base_class)
+            del self._loader._device_feed
+            self._loader = None
+
+
+def _uses_block_collate(loader: DataLoader) -> bool:
+    collate = loader.collate_fn
+    while collate is not None:
+        if getattr(collate, '__name__', '') == 'block_collate':
+            return True
+        collate = getattr(collate, 'func', None) or getattr(
+            collate, 'collate_fn', None)
+    return False

@@ -1,0 +1,84 @@
+"""DeviceFeedHook + block_collate in real mmengine training runs: the model
+gets the very batches of a run without them, and the monitor sees the
+training process's data work."""
+import json
+import os.path as osp
+
+import pytest
+from monitor_helpers import SleepyDataset, train
+from torch.utils.data import DataLoader
+
+from mmdata_plugin.engine import DeviceFeedHook
+
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:'pin_memory' argument is set as true")
+BLOCK = dict(type='block_collate', stack_inputs=False)
+
+
+@pytest.fixture(scope='module')
+def reference(tmp_path_factory):
+    cache = {}
+
+    def get(loop):
+        if loop not in cache:
+            cache[loop] = train(tmp_path_factory.mktemp('reference'),
+                                loop=loop, monitor=False).model.seen
+        return cache[loop]
+
+    return get
+
+
+@pytest.mark.parametrize('loop,persistent,pin,start', [
+    ('iter', True, True, 'fork'),
+    ('iter', False, False, 'fork'),
+    ('epoch', True, False, 'fork'),
+    ('epoch', False, True, 'fork'),
+    ('lazy', True, False, 'fork'),
+    ('lazy', True, True, 'spawn'),
+])
+def test_fed_blocks_reach_the_model_unchanged_and_are_measured(
+        tmp_path, reference, loop, persistent, pin, start):
+    runner = train(tmp_path, loop=loop, persistent=persistent, pin=pin,
+                   start=start, collate=BLOCK, feed=True)
+    assert runner.model.seen == reference(loop)
+    with open(osp.join(runner.log_dir, 'data_monitor.json')) as f:
+        report = json.load(f)
+    trainer = report['ranks'][0]['trainer']
+    assert {'receive', 'to_device', 'unpack', 'preprocess'} <= set(trainer)
+    assert report['context']['collate'] == 'block_collate'
+    assert report['context']['device_feed'] is True
+    # The hook leaves the loader and the data preprocessor as they were.
+    assert type(runner.train_dataloader) is DataLoader
+    assert 'cast_data' not in vars(runner.model.data_preprocessor)
+    assert 'forward' not in vars(runner.model.data_preprocessor)
+
+
+def test_stacked_inputs_give_the_same_batches(tmp_path, reference):
+    runner = train(tmp_path, collate=dict(type='block_collate'), feed=True,
+                   monitor=False)
+    assert runner.model.seen == reference('iter')
+
+
+def test_the_hook_alone_passes_other_batches_unchanged(tmp_path, reference):
+    runner = train(tmp_path, feed=True, monitor=False)
+    assert runner.model.seen == reference('iter')
+
+
+def test_without_a_monitor_and_without_workers(tmp_path):
+    runner = train(tmp_path, num_workers=0, collate=BLOCK, feed=True,
+                   monitor=False)
+    assert runner.model.seen == train(tmp_path / 'ref', num_workers=0,
+                                      monitor=False).model.seen
+
+
+def test_the_device_is_named_and_documented():
+    assert DeviceFeedHook().device is None
+    assert str(DeviceFeedHook(device='cpu').device) == 'cpu'
+    assert DeviceFeedHook.priority == 'BELOW_NORMAL'
+    assert SleepyDataset  # the pipeline the runs above use
+
+
+def test_blocks_without_the_hook_read_as_the_batch(tmp_path, reference):
+    # The data preprocessor's cast_data walks the block as a Mapping.
+    runner = train(tmp_path, collate=BLOCK, monitor=True)
+    assert runner.model.seen == reference('iter')
