@@ -58,6 +58,8 @@ class _TimedIterator:
         item = next(self._iterator)
         received = _perf_counter()
         if type(item) is MonitoredBatch:
+            if item.trainer_stages:
+                self._monitor.add_trainer_stages(item.trainer_stages)
             self._monitor._on_batch(requested, received, item.record)
             return item.batch
         self._monitor._on_batch(requested, received, None)
@@ -149,7 +151,20 @@ def loader_context(loader: DataLoader) -> dict:
         dataset_type=type(loader.dataset).__name__,
         sampler_type=type(getattr(loader, 'sampler', None)).__name__,
         cpus=cpus,
-        host=socket.gethostname())
+        host=socket.gethostname(),
+        collate=collate_name(loader.collate_fn),
+        device_feed=hasattr(loader, '_device_feed'))
+
+
+def collate_name(collate) -> str:
+    """The user's collate function's name, through the monitor's timing
+    wrapper and ``functools.partial`` (how mmengine builds it)."""
+    while True:
+        inner = getattr(collate, 'func', None) or getattr(
+            collate, 'collate_fn', None)
+        if inner is None:
+            return getattr(collate, '__name__', type(collate).__name__)
+        collate = inner
 
 
 class DataLoaderMonitor:
@@ -347,6 +362,7 @@ class DataLoaderMonitor:
         self.steps_without_batch = 0
         self._pending: Optional[tuple] = None
         self._pending_count = 0
+        self._trainer_pending: dict = {}
         self._skip = 0
         self._starting = False
         self._last_received: Optional[float] = None
@@ -361,6 +377,14 @@ class DataLoaderMonitor:
         which the workers fill their queues) the ``settle_iters`` after it.
         """
         self._skip = max(self._skip, 1 + (self.settle_iters if settle else 0))
+
+    def add_trainer_stages(self, stages: dict) -> None:
+        """Add the training process's own data work (seconds by stage:
+        ``receive``, ``pin``, ``to_device``, ``unpack``, ``preprocess``) to
+        the step committed next."""
+        pending = self._trainer_pending
+        for key, seconds in stages.items():
+            pending[key] = pending.get(key, 0.0) + seconds
 
     def _on_iter_start(self) -> None:
         self.starts += 1
@@ -389,6 +413,7 @@ class DataLoaderMonitor:
         self._index = self._index + 1 if index is None else index
         pending, count = self._pending, self._pending_count
         self._pending, self._pending_count = None, 0
+        trainer, self._trainer_pending = self._trainer_pending, {}
         if pending is None:
             self.steps_without_batch += 1
             self.last_step = None
@@ -418,7 +443,8 @@ class DataLoaderMonitor:
         if not counted:
             self.skipped += 1
             return None
-        self._unbooked.append((wait, compute, record, requested, received))
+        self._unbooked.append(
+            (wait, compute, record, requested, received, trainer))
         self._counted += 1
         if self._counted % self.timeline_every == 0:
             return self._close_point()

@@ -22,6 +22,12 @@ from .worker_timing import COLLATE, FETCH
 #: Stages of a worker's batch production that are not pipeline transforms,
 #: in the order tables list them.
 BASE_STAGES = (IO, DECODE, FETCH, COLLATE)
+#: The training process's data stages that run on its main thread, between
+#: two requests for a batch (``receive`` and ``pin`` run in the pin-memory
+#: thread when there is one, else inside the wait).
+MAIN_THREAD_STAGES = ('to_device', 'unpack', 'preprocess')
+#: All of them, in the order tables list them.
+TRAINER_STAGES = ('receive', 'pin') + MAIN_THREAD_STAGES
 
 
 def describe(values, total: float, count: int, peak: float) -> dict:
@@ -155,10 +161,15 @@ class StatsBook:
         self.cpu = 0.0
         self.drops: Dict[str, int] = defaultdict(int)
         self.refetch_time = 0.0
+        self.trainer: Dict[str, float] = defaultdict(float)
 
-    def add(self, wait: float, compute: Optional[float],
-            record: Optional[dict], t_request: float,
-            t_received: float) -> None:
+    def add(self,
+            wait: float,
+            compute: Optional[float],
+            record: Optional[dict],
+            t_request: float,
+            t_received: float,
+            trainer: Optional[dict] = None) -> None:
         """Add one counted step.
 
         Args:
@@ -168,8 +179,13 @@ class StatsBook:
             record (dict, optional): The batch's worker record.
             t_request (float): When ``next()`` was called.
             t_received (float): When it returned.
+            trainer (dict, optional): The training process's data work
+                for this step (seconds by stage).
         """
         self.wait.add(wait)
+        if trainer:
+            for key, seconds in trainer.items():
+                self.trainer[key] += seconds
         if compute is not None:
             self.compute.add(compute)
         if record is None:
@@ -237,6 +253,12 @@ class StatsBook:
         # its own: their sum is the wall time of the counted steps.
         span = wait + compute
         refetched = sum(self.drops.values())
+        steps = self.wait.seen
+        trainer = {
+            key: 1e3 * total / steps
+            for key, total in sorted(self.trainer.items())
+        } if steps else {}
+        main_thread = sum(trainer.get(key, 0.0) for key in MAIN_THREAD_STAGES)
         return dict(
             steps=self.wait.seen,
             batches=batches,
@@ -250,6 +272,10 @@ class StatsBook:
             transfer=self.transfer.describe(),
             slack=self.slack.describe(),
             wait_share=wait / span if span else 0.0,
+            # The training process's data work per step (ms), and the share
+            # of step time its main thread spent on it, inside compute.
+            trainer=trainer,
+            trainer_share=1e-3 * main_thread * steps / span if span else 0.0,
             # Samples are counted by the timed dataset fetch: None where
             # the dataset could not be switched to its timed class.
             throughput=dict(

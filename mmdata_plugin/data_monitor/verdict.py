@@ -24,7 +24,12 @@ STAGE_NAMES = dict(
     decode='image decode',
     fetch='dataset fetch outside the pipeline',
     collate='collate',
-    transfer='hand-over to the training process (transfer)')
+    transfer='hand-over to the training process (transfer)',
+    trainer='data work in the training process')
+#: What a config adds for the one-block hand-over (docs/handover.md).
+HANDOVER_LINES = ("train_dataloader=dict(..., pin_memory=True, "
+                  "collate_fn=dict(type='block_collate')) and "
+                  "custom_hooks=[..., dict(type='DeviceFeedHook')]")
 
 
 def input_bound_level(wait_share: float) -> str:
@@ -118,19 +123,41 @@ def _transfer_advice(rank: dict, context: dict) -> str:
     pin = '' if pinned else (
         ' With a GPU, set pin_memory=True: page-locked batches copy to the '
         'GPU asynchronously.')
+    if context.get('collate') == 'block_collate':
+        fix = ('Each batch already travels as one block: keep per-sample '
+               'metadata small (Python objects are pickled through a pipe).')
+    else:
+        fix = ('Hand the batch over as one shared-memory block (one '
+               'segment, page-locked in one copy, moved to the device in '
+               f'one copy a step ahead): {HANDOVER_LINES}.')
     return (f'Moving a batch to the training process takes {ms:.1f} ms '
-            f'({how}). {early}Hand over fewer, larger tensors: collate each '
-            'field into one stacked tensor per batch (uint8 images, '
-            "normalised in the model's data_preprocessor) rather than lists "
-            'of per-sample tensors, numpy arrays or Python objects (those '
-            'are pickled through a pipe, tensors travel in shared memory); '
-            f'keep per-sample metadata small.{pin}')
+            f'({how}). {early}{fix}{pin}')
+
+
+def _trainer_advice(rank: dict, context: dict) -> str:
+    stages = rank.get('trainer') or {}
+    parts = ', '.join(f'{key} {ms:.1f}' for key, ms in stages.items())
+    head = (f'The training process spends {_pct(rank["trainer_share"])} '
+            f'of step time on data work ({parts} ms per step), inside what '
+            'would otherwise be the model\'s compute.')
+    if context.get('collate') != 'block_collate' or not context.get(
+            'device_feed'):
+        return (f'{head} Receive each batch as one block, pin it once and '
+                'copy it to the device one step ahead, and let the data '
+                f'preprocessor skip its per-sample moves: {HANDOVER_LINES}.')
+    return (f'{head} The batch already comes as one block, fed ahead: what '
+            'remains is the data preprocessor\'s own work; keep images '
+            'equal-sized after the pipeline (block_collate stacks them, so '
+            'they are normalised as one batch) and per-sample metadata '
+            'small.')
 
 
 def _stage_advice(key: str, rank: dict, context: dict) -> Optional[str]:
     worker_ms = rank['worker']['mean']
     if key == 'transfer':
         return _transfer_advice(rank, context)
+    if key == 'trainer':
+        return _trainer_advice(rank, context)
     cost = stage_costs(rank).get(key, 0.0)
     share = cost / worker_ms if worker_ms else 0.0
     head = (f'{stage_label(key)} is {_pct(share)} of worker time '
@@ -270,6 +297,13 @@ def _other_advice(rank: dict, context: dict) -> List[dict]:
     return advice
 
 
+def _data_share(rank: dict) -> float:
+    """The share of step time spent on data: waiting for it, and the
+    training process's own data work (reports of older versions have
+    none)."""
+    return rank['wait_share'] + rank.get('trainer_share', 0.0)
+
+
 def stages_measured(rank: dict) -> bool:
     """Whether a counted batch of ``rank`` was timed in stages (reports
     of older versions have no count: every batch was)."""
@@ -293,22 +327,29 @@ def judge(ranks: List[dict], context: dict) -> dict:
             summary='No step was measured (the run was shorter than the '
             'warm-up).',
             advice=[])
-    worst = max(measured, key=lambda r: r['wait_share'])
-    level = input_bound_level(worst['wait_share'])
+    worst = max(measured, key=_data_share)
+    level = input_bound_level(_data_share(worst))
     workers = context.get('num_workers', 0)
     needed = workers_needed(worst['worker']['mean'], worst['compute']['mean'])
     bottleneck, bottleneck_share = find_bottleneck(worst, workers)
+    trainer_share = worst.get('trainer_share', 0.0)
+    if trainer_share >= MODERATE and trainer_share >= worst['wait_share']:
+        bottleneck, bottleneck_share = 'trainer', trainer_share
     where = f" (rank {worst['rank']}, the worst of {len(ranks)})" if len(
         ranks) > 1 else ''
     summary = (f'Input-bound: {level.upper()}: '
                f"{100 * worst['wait_share']:.1f}% of step time is spent "
-               f'waiting for data{where}.')
+               f'waiting for data{where}')
+    summary += (f' and {100 * trainer_share:.1f}% on data work in the '
+                'training process (receive, pin, copy to the device, data '
+                'preprocessor).' if trainer_share >= 0.0005 else '.')
     # Stage figures are estimated from the timed batches: their error.
     bottleneck_stderr = (
         stage_stderr(worst, bottleneck) / worst['worker']['mean']
-        if bottleneck and bottleneck != 'transfer' else 0.0)
+        if bottleneck and bottleneck not in ('transfer', 'trainer') else 0.0)
     if bottleneck:
-        of = 'step time' if bottleneck == 'transfer' else 'worker time'
+        of = ('step time' if bottleneck in ('transfer', 'trainer') else
+              'worker time')
         error = (f' +- {_pct(bottleneck_stderr)}'
                  if bottleneck_stderr >= 0.005 else '')
         summary += (f' Bottleneck: {stage_label(bottleneck)} '
@@ -334,6 +375,7 @@ def judge(ranks: List[dict], context: dict) -> dict:
     return dict(
         input_bound=level,
         wait_share=worst['wait_share'],
+        trainer_share=trainer_share,
         worst_rank=worst['rank'],
         rank_wait_shares={str(r['rank']): r['wait_share']
                           for r in measured},

@@ -37,6 +37,7 @@ from torch.utils.data import get_worker_info
 # batch to it so that pin_memory=True pins exactly what it pins without us.
 from torch.utils.data._utils.pin_memory import pin_memory as _pin_memory
 
+from ..utils.receipt_stamp import ReceiptStamp
 from . import probes
 
 _perf_counter = time.perf_counter
@@ -354,20 +355,36 @@ class MonitoredBatch:
     Only the monitor's DataLoader iterator ever sees it: it hands on
     ``batch`` and keeps ``record``. ``pin_memory`` is torch's protocol for
     custom batch types, so ``pin_memory=True`` pins the inner batch.
+    ``trainer_stages`` holds what receiving (unpickling, the shared-memory
+    segments' file-descriptor round trips included) and pinning the batch
+    cost the training process, in seconds.
     """
 
-    __slots__ = ('batch', 'record')
+    __slots__ = ('batch', 'record', 'trainer_stages')
 
-    def __init__(self, batch: Any, record: Optional[dict]) -> None:
+    def __init__(self,
+                 batch: Any,
+                 record: Optional[dict],
+                 trainer_stages: Optional[dict] = None) -> None:
         self.batch = batch
         self.record = record
+        self.trainer_stages = trainer_stages or {}
 
     def pin_memory(self, *args, **kwargs) -> 'MonitoredBatch':
+        start = _perf_counter()
+        batch = _pin_memory(self.batch, *args, **kwargs)
         return MonitoredBatch(
-            _pin_memory(self.batch, *args, **kwargs), self.record)
+            batch, self.record,
+            dict(self.trainer_stages, pin=_perf_counter() - start))
 
     def __reduce__(self):
-        return MonitoredBatch, (self.batch, self.record)
+        return _received, (ReceiptStamp(), self.batch, self.record)
+
+
+def _received(started: float, batch: Any,
+              record: Optional[dict]) -> MonitoredBatch:
+    return MonitoredBatch(batch, record,
+                          dict(receive=_perf_counter() - started))
 
 
 class TimedCollate:

@@ -246,7 +246,8 @@ def test_batches_ready_early_name_the_hand_over(step_ms):
     assert 'workers' not in _topics(report)
     text = report['advice'][-1]['text']
     assert 'Batches were ready 5' in text and 'workers keep up' in text
-    assert 'fewer, larger tensors' in text and 'pin_memory=True' in text
+    assert "collate_fn=dict(type='block_collate')" in text
+    assert "dict(type='DeviceFeedHook')" in text and 'pin_memory=True' in text
     assert 'storage' not in text and 'make it cheaper' not in text
 
 

@@ -2,12 +2,14 @@
 import logging
 import os
 import os.path as osp
+import time
 from typing import Optional
 
 from mmengine.config import Config
 from mmengine.dist import all_gather_object, get_rank, get_world_size
 from mmengine.hooks import Hook, LoggerHook
 from mmengine.logging import print_log
+from mmengine.model import is_model_wrapper
 from mmengine.registry import HOOKS
 from torch.utils.data import DataLoader
 
@@ -111,6 +113,7 @@ class DataMonitorHook(Hook):
         self._steps = self._batches = 0
         self._waited = self._busy = self._worker_sum = 0.0
         self._warned_blind = False
+        self._preprocessor = None
 
     # ------------------------------------------------------------ train
     def before_train(self, runner) -> None:
@@ -128,12 +131,41 @@ class DataMonitorHook(Hook):
         self._start_log_interval(runner)
         self.monitor = DataLoaderMonitor(loader, **self.monitor_args)
         self.monitor.install(loop=loop)
+        self._time_preprocessor(runner)
         pipelines = self.monitor.instrumentation.pipelines
         runner.logger.info(
             f'DataMonitorHook: timing {loader.num_workers} worker(s), '
             f'{sum(len(p["transforms"]) for p in pipelines)} transform(s) '
             f'in {len(pipelines)} pipeline(s); report every '
             f'{self.table_interval or "-"} iterations and at the end.')
+
+    def _time_preprocessor(self, runner) -> None:
+        """Count the data preprocessor's host time as the training
+        process's ``preprocess`` stage (moving, stacking, normalising the
+        batch: data work, not the model's).
+
+        An instance attribute shadows the class's ``forward`` for this model
+        only (``nn.Module.__call__`` looks it up on the instance);
+        after_train removes it.
+        """
+        model = runner.model.module if is_model_wrapper(
+            runner.model) else runner.model
+        preprocessor = getattr(model, 'data_preprocessor', None)
+        if preprocessor is None or 'forward' in vars(preprocessor):
+            return
+        forward, monitor = preprocessor.forward, self.monitor
+
+        def timed_forward(data, training=False, *args, **kwargs):
+            if not training:  # validation's batches are not measured
+                return forward(data, training, *args, **kwargs)
+            start = time.perf_counter()
+            result = forward(data, training, *args, **kwargs)
+            monitor.add_trainer_stages(
+                dict(preprocess=time.perf_counter() - start))
+            return result
+
+        preprocessor.forward = timed_forward
+        self._preprocessor = preprocessor
 
     def before_train_iter(self,
                           runner,
@@ -273,6 +305,9 @@ class DataMonitorHook(Hook):
             return
         report, _ = self._gather_report(runner)
         self.monitor.uninstall()
+        if self._preprocessor is not None:
+            del self._preprocessor.forward
+            self._preprocessor = None
         if get_rank() != 0:
             return
         json_path = self._path(runner, 'json')
