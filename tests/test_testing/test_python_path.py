@@ -5,6 +5,7 @@ a command given only the repository as its ``PYTHONPATH`` fails with "No
 module named mmengine": the caller's entries must stay behind ours.
 """
 import glob
+import os
 import os.path as osp
 import re
 import sys
@@ -22,7 +23,8 @@ def test_subprocess_keeps_the_callers_python_path(tmp_path, monkeypatch):
     outer = tmp_path / 'outer'
     outer.mkdir()
     (outer / 'outer_only.py').write_text('NAME = "outer"\n')
-    monkeypatch.setenv('PYTHONPATH', str(outer))
+    # prepended: the caller's own path may be where mmengine is
+    monkeypatch.setenv('PYTHONPATH', str(outer), prepend=os.pathsep)
     out = run_command(
         [
             sys.executable, '-c',
@@ -35,9 +37,9 @@ def test_subprocess_keeps_the_callers_python_path(tmp_path, monkeypatch):
 def test_no_inherited_path_adds_no_empty_entry(monkeypatch):
     # An empty entry would put the current directory on sys.path.
     monkeypatch.delenv('PYTHONPATH', raising=False)
-    assert python_path('/a', '/b') == f'/a{osp.pathsep}/b'
+    assert python_path('/a', '/b') == f'/a{os.pathsep}/b'
     monkeypatch.setenv('PYTHONPATH', '/c')
-    assert python_path('/a') == f'/a{osp.pathsep}/c'
+    assert python_path('/a') == f'/a{os.pathsep}/c'
 
 
 def test_tests_and_tools_prepend_to_python_path():
