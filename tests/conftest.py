@@ -3,7 +3,7 @@ import os
 import pytest
 from helpers import REPO_ROOT
 
-from mmdata_plugin.testing import cpu_env
+from mmdata_plugin.testing import cpu_env, python_path
 from mmdata_plugin.utils import make_demo_dataset
 
 
@@ -33,4 +33,5 @@ def demo_root(tmp_path_factory):
 @pytest.fixture(scope='session')
 def train_env(demo_root):
     """Environment for subprocesses: CPU only, this working tree first."""
-    return cpu_env(dict(PYTHONPATH=REPO_ROOT, MMDATA_DEMO_ROOT=demo_root))
+    return cpu_env(
+        dict(PYTHONPATH=python_path(REPO_ROOT), MMDATA_DEMO_ROOT=demo_root))

@@ -186,7 +186,8 @@ class ToyBoxCounter(BaseModel):
         if mode != 'loss':
             return pixels * self.weight
         target = torch.tensor([len(s.gt_instances) for s in data_samples],
-                              dtype=torch.float32)
+                              dtype=torch.float32,
+                              device=inputs.device)
         return dict(loss=((pixels * self.weight - target)**2).mean())
 
 

@@ -378,7 +378,8 @@ def directory_bytes(*paths: str) -> int:
 
 
 def run_config(name: str, args, server, work_dir: str) -> dict:
-    from mmdata_plugin.testing import cpu_env, run_command, torchrun_command
+    from mmdata_plugin.testing import (cpu_env, python_path, run_command,
+                                       torchrun_command)
     cache_dir = osp.join(work_dir, 'cache')
     shutil.rmtree(cache_dir, ignore_errors=True)
     os.makedirs(cache_dir)
@@ -413,7 +414,7 @@ def run_config(name: str, args, server, work_dir: str) -> dict:
     try:
         out = run_command(
             cmd,
-            env=cpu_env(dict(PYTHONPATH=ROOT)),
+            env=cpu_env(dict(PYTHONPATH=python_path(ROOT))),
             timeout=args.epochs * args.time_box * 4 + 300).stdout
     finally:
         done.set()

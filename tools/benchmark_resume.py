@@ -225,11 +225,11 @@ class Bench:
         self.checkpoints = {}
 
     def _run_child(self, spec: dict) -> dict:
+        from mmdata_plugin.testing import python_path
         env = dict(
             os.environ,
             MMDATA_DEMO_ROOT=self.data_root,
-            PYTHONPATH=os.pathsep.join(
-                [ROOT, os.environ.get('PYTHONPATH', '')]))
+            PYTHONPATH=python_path(ROOT))
         out = subprocess.run(
             [sys.executable, __file__, '--child',
              json.dumps(spec)],

@@ -245,13 +245,14 @@ def build_dataset_and_sampler(name, ann_file):
 # --------------------------------------------------------------- driver
 def run_approach(name, ann_file, args) -> dict:
     """Launch the ranks of one approach; watch their memory."""
-    from mmdata_plugin.testing import cpu_env, find_free_port, total_memory
+    from mmdata_plugin.testing import (cpu_env, find_free_port, python_path,
+                                       total_memory)
     port = find_free_port()
     procs = []
     for rank in range(args.ranks):
         env = cpu_env(
             dict(
-                PYTHONPATH=ROOT,
+                PYTHONPATH=python_path(ROOT),
                 RANK=str(rank),
                 LOCAL_RANK=str(rank),
                 WORLD_SIZE=str(args.ranks),

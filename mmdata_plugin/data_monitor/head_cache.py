@@ -111,12 +111,10 @@ def suggested_head(pipeline_cfg: Sequence) -> Optional[str]:
     random resize right after the loader gets a deterministic resize to its
     largest output in front of it, which the cache can hold.
     """
-    cfgs = list(pipeline_cfg)
-    if cfgs and transform_type(cfgs[0]) == 'ReducedDecodePipeline':
-        cfgs = list(cfgs[0]['transforms'])  # the head decodes reduced then
-        wrap = True
-    else:
-        wrap = False
+    cfgs, after_wrapper = list(pipeline_cfg), []
+    wrap = bool(cfgs) and transform_type(cfgs[0]) == 'ReducedDecodePipeline'
+    if wrap:  # the head decodes reduced then
+        cfgs, after_wrapper = list(cfgs[0]['transforms']), cfgs[1:]
     if not cfgs or transform_type(cfgs[0]) not in LOADER_TYPES:
         return None
     head, taken = [], 0
@@ -130,7 +128,8 @@ def suggested_head(pipeline_cfg: Sequence) -> Optional[str]:
             target = decode_target(cfg)
             head.append(dict(type='Resize', **target))
         break
-    rest = ', '.join(transform_type(cfg) for cfg in cfgs[taken:])
+    rest = ', '.join(
+        transform_type(cfg) for cfg in cfgs[taken:] + after_wrapper)
     pad = ' ' * (12 if wrap else 8)
     inner = ',\n'.join(pad + _cfg_text(c) for c in head)
     if wrap:

@@ -29,6 +29,7 @@ from torch.utils.data import DataLoader
 # started iterators that install() has to restart (see _restart_started).
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
+from ..datasets.sample_seeded_dataset import SampleSeededDataset
 from ..utils.dataloader_slots import rebind_dataloader_attribute
 from .instrument import LoaderInstrumentation
 from .statistics import StatsBook
@@ -130,6 +131,14 @@ def _shutdown(iterator) -> None:
         shutdown()
 
 
+def _users_dataset(dataset):
+    """What the config trains on: the fast-resume loops wrap it in a
+    :class:`SampleSeededDataset` of their own."""
+    if isinstance(dataset, SampleSeededDataset):
+        return dataset.dataset
+    return dataset
+
+
 def loader_context(loader: DataLoader) -> dict:
     """The loader settings the verdict and the advice depend on."""
     try:
@@ -148,7 +157,7 @@ def loader_context(loader: DataLoader) -> dict:
         pin_memory=loader.pin_memory,
         prefetch_factor=loader.prefetch_factor,
         start_method=start_method if loader.num_workers else None,
-        dataset_type=type(loader.dataset).__name__,
+        dataset_type=type(_users_dataset(loader.dataset)).__name__,
         sampler_type=type(getattr(loader, 'sampler', None)).__name__,
         cpus=cpus,
         host=socket.gethostname(),

@@ -1,12 +1,13 @@
-from .distributed import (ProcessFailed, cpu_env, find_free_port, run_command,
-                          run_torchrun, spawn_gloo, torchrun_command)
+from .distributed import (ProcessFailed, cpu_env, find_free_port,
+                          python_path, run_command, run_torchrun, spawn_gloo,
+                          torchrun_command)
 from .interrupt import last_checkpoint, run_until_checkpoint_then_kill
 from .loopback_http import FaultPlan, LoopbackHTTPServer, ServerStats
 from .memory import descendants, process_memory, total_memory
 from .moto_s3 import MotoS3Server
 
 __all__ = [
-    'ProcessFailed', 'cpu_env', 'find_free_port', 'run_command',
+    'ProcessFailed', 'cpu_env', 'find_free_port', 'python_path', 'run_command',
     'run_torchrun', 'spawn_gloo', 'torchrun_command', 'last_checkpoint',
     'run_until_checkpoint_then_kill', 'descendants', 'process_memory',
     'total_memory', 'FaultPlan', 'LoopbackHTTPServer', 'ServerStats',

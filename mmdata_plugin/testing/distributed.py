@@ -19,6 +19,17 @@ def find_free_port() -> int:
         return sock.getsockname()[1]
 
 
+def python_path(*dirs: str) -> str:
+    """A ``PYTHONPATH`` that puts ``dirs`` before the caller's own.
+
+    A subprocess given ``PYTHONPATH=dir`` alone loses every package the
+    caller finds through ``PYTHONPATH`` (e.g. mmengine installed with
+    ``pip install --target``); it must see what the caller sees.
+    """
+    inherited = os.environ.get('PYTHONPATH')
+    return os.pathsep.join([*dirs, inherited] if inherited else dirs)
+
+
 def cpu_env(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
     """The current environment, made to run training on the CPU quietly.
 

@@ -53,6 +53,26 @@ def test_random_resize_gets_a_deterministic_resize_to_its_largest_output():
         '... then, unchanged: RandomResize, RandomFlip')
 
 
+def test_transforms_after_a_reduced_decode_head_stay_after_the_cache():
+    pipeline = [
+        dict(type='ReducedDecodePipeline', transforms=[
+            dict(type='LoadImageFromFile'),
+            dict(type='Resize', scale=(320, 320), keep_ratio=True)]),
+        dict(type='RandomResize', scale=(224, 224), ratio_range=(0.8, 1.2)),
+        dict(type='RandomImageCrop', crop_size=224),
+        dict(type='RandomFlip', prob=0.5),
+        dict(type='PackImageLabelInputs')]
+    assert suggested_head(pipeline) == (
+        "dict(type='CachedPipelineHead', cache_limit='50GB', storage='raw',\n"
+        '     transforms=[\n'
+        "        dict(type='ReducedDecodePipeline', transforms=[\n"
+        "            dict(type='LoadImageFromFile'),\n"
+        "            dict(type='Resize', scale=(320, 320), keep_ratio=True)"
+        '])]),\n'
+        '... then, unchanged: RandomResize, RandomImageCrop, RandomFlip, '
+        'PackImageLabelInputs')
+
+
 def test_compute_bound_or_cheap_decode_gets_no_head_cache_advice():
     plain = [dict(type='LoadImageFromFile'),
              dict(type='RandomFlip', prob=0.5)]

@@ -14,10 +14,12 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from mmdata_plugin.data_monitor import (DataLoaderMonitor, format_report,
                                         measure_dataloader, probes)
+from mmdata_plugin.data_monitor.loader_monitor import loader_context
 from mmdata_plugin.data_monitor.worker_timing import (ACCUMULATOR,
                                                       MonitoredBatch,
                                                       TimedCollate,
                                                       TimedTransform)
+from mmdata_plugin.datasets import SampleSeededDataset
 from mmdata_plugin.engine import DataMonitorHook
 
 
@@ -440,3 +442,9 @@ def test_bad_inputs_are_refused_with_a_clear_error():
             DataLoaderMonitor(loader).install()
     with pytest.raises(RuntimeError, match='bypasses DataLoader.__iter__'):
         DataMonitorHook().before_train_iter(None, 0, MonitoredBatch({}, {}))
+
+
+def test_setup_names_the_users_dataset_not_the_seeding_wrapper():
+    # the fast-resume loops put SampleSeededDataset around the train dataset
+    loader = _loader(SampleSeededDataset(SleepyDataset(num=4)))
+    assert loader_context(loader)['dataset_type'] == 'SleepyDataset'

@@ -5,7 +5,7 @@ import os.path as osp
 
 from helpers import REPO_ROOT
 
-from mmdata_plugin.testing import cpu_env, run_torchrun
+from mmdata_plugin.testing import cpu_env, python_path, run_torchrun
 
 SCRIPT = osp.join(osp.dirname(__file__), 'rank_sharded_dist_script.py')
 
@@ -18,7 +18,7 @@ def test_two_ranks_cover_every_sample_each_epoch(tmp_path):
     run_torchrun(
         SCRIPT, [str(ann), str(out)],
         nproc=2,
-        env=cpu_env(dict(PYTHONPATH=REPO_ROOT)),
+        env=cpu_env(dict(PYTHONPATH=python_path(REPO_ROOT))),
         timeout=300)
     summary = json.loads(out.read_text())
     assert summary['epochs']['per_rank'] == 51  # ceil(101 / 2)

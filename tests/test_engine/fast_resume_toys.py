@@ -43,7 +43,7 @@ class ToyModel(BaseModel):
     def forward(self, inputs, index=None, mode='tensor'):
         x = torch.stack(inputs)
         if mode == 'loss':
-            self.last_noise = torch.rand(len(x))
+            self.last_noise = torch.rand(len(x), device=x.device)
             return dict(loss=(self.linear(x).squeeze(1) +
                               self.last_noise).pow(2).mean())
         return [dict(index=i) for i in index]

@@ -6,11 +6,10 @@ without the hook: the model must get the very same batches.
 """
 import glob
 import json
-import os
 import os.path as osp
 
 import pytest
-from helpers import DEMO_CONFIG, TRAIN_SCRIPT, quick_cfg_options
+from helpers import DEMO_CONFIG, REPO_ROOT, TRAIN_SCRIPT, quick_cfg_options
 from mmengine.config import Config
 from monitor_helpers import (SeedingDataset, SleepyCollate, SleepyDataset,
                              TupleCollate, train)
@@ -19,7 +18,7 @@ from torch.utils.data import BatchSampler, DataLoader
 from mmdata_plugin.data_monitor.worker_timing import (TimedCollate,
                                                       TimedTransform)
 from mmdata_plugin.engine import DataMonitorHook, apply_data_monitor_env
-from mmdata_plugin.testing import run_torchrun
+from mmdata_plugin.testing import python_path, run_torchrun
 
 LOOPS = ('iter', 'epoch', 'lazy')
 # pin_memory=True runs on this CPU-only machine; torch warns it is a no-op.
@@ -337,7 +336,7 @@ def test_two_rank_run_names_the_slowed_rank(tmp_path, train_env):
     env = dict(
         train_env,
         MMDATA_MONITOR='1',
-        PYTHONPATH=f"{train_env['PYTHONPATH']}{os.pathsep}{tmp_path}")
+        PYTHONPATH=python_path(REPO_ROOT, str(tmp_path)))
     work_dir = tmp_path / 'work'
     out = run_torchrun(
         TRAIN_SCRIPT, [

@@ -5,14 +5,14 @@ The demo config (real JPEGs, random resize/crop/flip in 2 workers) with
 mmengine cannot resume onto the same order.
 """
 import json
-import os
 import os.path as osp
 import sys
 
 import pytest
 from helpers import DEMO_CONFIG, REPO_ROOT, TRAIN_SCRIPT
 
-from mmdata_plugin.testing import (cpu_env, run_command, run_torchrun,
+from mmdata_plugin.testing import (cpu_env, python_path, run_command,
+                                   run_torchrun,
                                    run_until_checkpoint_then_kill)
 
 BATCH = 4
@@ -21,7 +21,7 @@ BATCH = 4
 @pytest.fixture(scope='module')
 def probe_env(train_env):
     here = osp.dirname(osp.abspath(__file__))
-    return dict(train_env, PYTHONPATH=os.pathsep.join([REPO_ROOT, here]))
+    return dict(train_env, PYTHONPATH=python_path(REPO_ROOT, here))
 
 
 def write_config(path, max_iters, interval=4, delay=0.0, **dataloader):

@@ -7,7 +7,6 @@ samples of the 64 demo images, so the checkpoint at iteration 4 (2 ranks,
 batch 4) lies in the middle of epoch 1.
 """
 import json
-import os
 import os.path as osp
 import sys
 
@@ -17,7 +16,7 @@ from fast_resume_toys import make_runner, recorder_of
 from helpers import DEMO_CONFIG, REPO_ROOT, TRAIN_SCRIPT
 
 from mmdata_plugin.datasets import GrowingWindow
-from mmdata_plugin.testing import run_command, run_torchrun
+from mmdata_plugin.testing import python_path, run_command, run_torchrun
 from mmdata_plugin.utils.checkpoint_safety import load_from_local_safely
 
 BATCH = 4
@@ -52,7 +51,7 @@ def test_epoch_loop_resumes_mid_epoch_of_varying_length(tmp_path,
 @pytest.fixture(scope='module')
 def probe_env(train_env):
     here = osp.dirname(osp.abspath(__file__))
-    return dict(train_env, PYTHONPATH=os.pathsep.join([REPO_ROOT, here]))
+    return dict(train_env, PYTHONPATH=python_path(REPO_ROOT, here))
 
 
 def write_config(path, max_iters, **dataloader):

@@ -31,7 +31,7 @@ from mmdata_plugin.cache.store_ledger import StoreLedger
 from mmdata_plugin.remote_cache.node_cache_backend import (NodeCacheBackend,
                                                            write_victims)
 from mmdata_plugin.testing import (LoopbackHTTPServer, cpu_env, descendants,
-                                   run_command, run_torchrun,
+                                   python_path, run_command, run_torchrun,
                                    run_until_checkpoint_then_kill,
                                    torchrun_command)
 from mmdata_plugin.utils import make_demo_dataset
@@ -66,7 +66,7 @@ def cache_limit(demo):
 
 @pytest.fixture(scope='module')
 def probe_env(train_env):
-    return dict(train_env, PYTHONPATH=os.pathsep.join([REPO_ROOT, HERE]))
+    return dict(train_env, PYTHONPATH=python_path(REPO_ROOT, HERE))
 
 
 def write_config(path, cache_dir, cache_limit, loaded_dir, max_iters,

@@ -4,7 +4,7 @@ import sys
 
 from helpers import REPO_ROOT
 
-from mmdata_plugin.testing import cpu_env, run_command
+from mmdata_plugin.testing import cpu_env, python_path, run_command
 
 
 def test_benchmark_checks_bytes_and_reports_every_loader(tmp_path):
@@ -14,7 +14,7 @@ def test_benchmark_checks_bytes_and_reports_every_loader(tmp_path):
         '--batch-size', '2', '--repeats', '1', '--work-dir',
         str(tmp_path)
     ],
-                      env=cpu_env(dict(PYTHONPATH=REPO_ROOT)),
+                      env=cpu_env(dict(PYTHONPATH=python_path(REPO_ROOT))),
                       timeout=300).stdout
     assert '8 arrays of uint8 (64, 64, 3) (0.01 MB each' in out
     for loader in ('LoadNumpyFromFile', 'np.load', 'pickle.load',

@@ -4,7 +4,7 @@ import sys
 
 from helpers import REPO_ROOT
 
-from mmdata_plugin.testing import cpu_env, run_command
+from mmdata_plugin.testing import cpu_env, python_path, run_command
 
 
 def test_harness_measures_remote_readers(tmp_path):
@@ -19,7 +19,7 @@ def test_harness_measures_remote_readers(tmp_path):
         '--work-dir',
         str(tmp_path)
     ],
-                      env=cpu_env(dict(PYTHONPATH=REPO_ROOT)),
+                      env=cpu_env(dict(PYTHONPATH=python_path(REPO_ROOT))),
                       timeout=600).stdout
     saved = json.loads((tmp_path / 'results.json').read_text())
     results = {r['name']: r for r in saved['results']}

@@ -4,7 +4,7 @@ import sys
 
 from helpers import REPO_ROOT
 
-from mmdata_plugin.testing import cpu_env, run_command
+from mmdata_plugin.testing import cpu_env, python_path, run_command
 
 
 def test_benchmark_runs_every_approach_and_reports_ratios(tmp_path):
@@ -14,7 +14,7 @@ def test_benchmark_runs_every_approach_and_reports_ratios(tmp_path):
         '1', '--index-repeats', '1', '--work-dir',
         str(tmp_path)
     ],
-                      env=cpu_env(dict(PYTHONPATH=REPO_ROOT)),
+                      env=cpu_env(dict(PYTHONPATH=python_path(REPO_ROOT))),
                       timeout=300).stdout
     assert 'Index build:' in out and 'MB/s' in out
     results = json.loads((tmp_path / 'results.json').read_text())['results']

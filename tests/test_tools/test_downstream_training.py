@@ -7,7 +7,6 @@ it does not import, these tests are reported as skipped. The model is a toy
 side under test does not.
 """
 import json
-import os
 import os.path as osp
 import sys
 
@@ -15,7 +14,7 @@ import pytest
 from downstream_toys import make_toy_coco
 from helpers import REPO_ROOT, TRAIN_SCRIPT
 
-from mmdata_plugin.testing import run_command
+from mmdata_plugin.testing import python_path, run_command
 
 TOOL = osp.join(REPO_ROOT, 'tools', 'dump_data_list.py')
 TESTS = osp.dirname(osp.dirname(osp.abspath(__file__)))
@@ -28,7 +27,7 @@ def mmdet_env(train_env):
     if not _imports('mmdet.datasets'):
         pytest.skip('mmdet does not import here (it needs the full mmcv '
                     'with compiled ops)')
-    return dict(train_env, PYTHONPATH=os.pathsep.join([REPO_ROOT, TESTS]))
+    return dict(train_env, PYTHONPATH=python_path(REPO_ROOT, TESTS))
 
 
 def _imports(module):

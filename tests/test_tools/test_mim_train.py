@@ -12,7 +12,7 @@ import sys
 import pytest
 from helpers import REPO_ROOT, quick_cfg_options
 
-from mmdata_plugin.testing import cpu_env, run_command
+from mmdata_plugin.testing import cpu_env, python_path, run_command
 
 mim = shutil.which('mim')
 
@@ -36,7 +36,10 @@ def test_mim_train_from_any_directory(tmp_path, demo_root):
             '--work-dir',
             str(tmp_path / 'work')
         ] + quick_cfg_options(max_iters=2, interval=2),
-        env=cpu_env(dict(PYTHONPATH=str(site), MMDATA_DEMO_ROOT=demo_root)),
+        env=cpu_env(
+            dict(
+                PYTHONPATH=python_path(str(site)),
+                MMDATA_DEMO_ROOT=demo_root)),
         cwd=str(cwd)).stdout
     assert str(site / 'mmdata_plugin' / '.mim' / 'tools' / 'train.py') in out
     assert osp.isfile(tmp_path / 'work' / 'iter_2.pth')
