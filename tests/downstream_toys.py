@@ -204,7 +204,7 @@ class DetProbeHook(Hook):
             flip=[bool(s.flip) for s in samples],
             boxes=[s.gt_instances.bboxes.tensor.round(decimals=3).tolist()
                    for s in samples],
-            pixels=[hashlib.sha1(img.numpy().tobytes()).hexdigest()
+            pixels=[hashlib.sha1(img.cpu().numpy().tobytes()).hexdigest()
                     for img in data_batch['inputs']],
             loss=outputs['loss'].item())
         with open(osp.join(runner.work_dir, 'probe.jsonl'), 'a') as file:

@@ -133,13 +133,13 @@ def batch_digest(batch) -> str:
     digest = hashlib.sha1()
     if isinstance(batch, dict):
         for tensor in batch['inputs']:
-            digest.update(tensor.numpy().tobytes())
+            digest.update(tensor.cpu().numpy().tobytes())
         for sample in batch['data_samples']:
             digest.update(str(sample.sample_idx).encode())
-            digest.update(sample.gt_label.numpy().tobytes())
+            digest.update(sample.gt_label.cpu().numpy().tobytes())
     else:
         for tensor in batch:
-            digest.update(tensor.numpy().tobytes())
+            digest.update(tensor.cpu().numpy().tobytes())
     return digest.hexdigest()
 
 

@@ -10,6 +10,7 @@ _base_ = ['./tinycnn_demo-jpeg-http.py']
 # ---- node cache: the train pipeline's loading transforms read through it.
 custom_hooks = [
     dict(type='DataMonitorHook', interval=10, table_interval=100),
+    dict(type='DeviceFeedHook'),
     dict(
         type='RemoteCachePrefetchHook',
         cache_dir='{{$MMDATA_NODE_CACHE:/tmp/mmdata_node_cache}}',

@@ -16,7 +16,12 @@ train_cfg = dict(type='FastResumeEpochBasedTrainLoop')
 # The batch sampler (mmdet's AspectRatioBatchSampler) is inherited: under
 # the fast-resume loop its batches of the current epoch are replayed on
 # indices (annotation reads only, no image) and resume exactly.
+# Each batch crosses from the workers as one shared-memory block, pinned
+# once and copied to the GPU one step ahead by DeviceFeedHook
+# (docs/handover.md).
 train_dataloader = dict(
+    pin_memory=True,
+    collate_fn=dict(type='block_collate'),
     sampler=dict(type='RankShardedSampler', shuffle=True),
     dataset=dict(
         _delete_=True,  # CocoDataset's filter_cfg/backend_args do not apply
@@ -26,4 +31,7 @@ train_dataloader = dict(
         data_prefix=dict(img_path='train2017/'),
         pipeline={{_base_.train_pipeline}}))
 
-custom_hooks = [dict(type='DataMonitorHook', interval=50)]
+custom_hooks = [
+    dict(type='DataMonitorHook', interval=50),
+    dict(type='DeviceFeedHook'),
+]

@@ -8,7 +8,12 @@ custom_imports = dict(imports=['mmdata_plugin'], allow_failed_imports=False)
 
 train_cfg = dict(type='FastResumeEpochBasedTrainLoop')
 
+# Each batch crosses from the workers as one shared-memory block, pinned
+# once and copied to the GPU one step ahead by DeviceFeedHook
+# (docs/handover.md).
 train_dataloader = dict(
+    pin_memory=True,
+    collate_fn=dict(type='block_collate'),
     sampler=dict(type='RankShardedSampler', shuffle=True),
     dataset=dict(
         _delete_=True,
@@ -18,4 +23,7 @@ train_dataloader = dict(
         data_prefix=dict(img_path='train'),
         pipeline={{_base_.train_pipeline}}))
 
-custom_hooks = [dict(type='DataMonitorHook', interval=50)]
+custom_hooks = [
+    dict(type='DataMonitorHook', interval=50),
+    dict(type='DeviceFeedHook'),
+]

@@ -10,7 +10,12 @@ custom_imports = dict(imports=['mmdata_plugin'], allow_failed_imports=False)
 
 train_cfg = dict(type='FastResumeIterBasedTrainLoop')
 
+# Each batch crosses from the workers as one shared-memory block, pinned
+# once and copied to the GPU one step ahead by DeviceFeedHook
+# (docs/handover.md).
 train_dataloader = dict(
+    pin_memory=True,
+    collate_fn=dict(type='block_collate'),
     sampler=dict(type='RankShardedInfiniteSampler', shuffle=True),
     dataset=dict(
         _delete_=True,
@@ -22,4 +27,7 @@ train_dataloader = dict(
             seg_map_path='annotations/training'),
         pipeline={{_base_.train_pipeline}}))
 
-custom_hooks = [dict(type='DataMonitorHook', interval=50)]
+custom_hooks = [
+    dict(type='DataMonitorHook', interval=50),
+    dict(type='DeviceFeedHook'),
+]

@@ -53,7 +53,7 @@ class CacheProbeHook(Hook):
             world_size=get_world_size(),
             index=[int(s.sample_idx) for s in data_batch['data_samples']],
             digest=[
-                hashlib.sha1(img.numpy().tobytes()).hexdigest()
+                hashlib.sha1(img.cpu().numpy().tobytes()).hexdigest()
                 for img in data_batch['inputs']
             ])
         path = osp.join(runner.work_dir, f'probe_rank{get_rank()}.jsonl')

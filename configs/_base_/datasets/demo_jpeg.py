@@ -61,6 +61,10 @@ train_dataloader = dict(
     batch_size=16,
     num_workers=2,
     persistent_workers=True,
+    # One shared-memory block per batch (all its tensors, images stacked);
+    # DeviceFeedHook in the config unpacks it (docs/handover.md). On a GPU
+    # add pin_memory=True: the block is then pinned with one copy.
+    collate_fn=dict(type='block_collate'),
     sampler=dict(type='RankShardedInfiniteSampler', shuffle=True),
     dataset=dict(
         type='RankShardedDataset',

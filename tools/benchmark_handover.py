@@ -1,0 +1,248 @@
+# Does the GPU get its batches? The batch hand-over into the training
+# process, alone and feeding a model, against the model's own speed.
+import argparse
+import statistics
+import time
+from typing import Callable, Dict, List
+
+import numpy as np
+import torch
+from mmengine.dataset import default_collate, pseudo_collate
+from mmengine.model import BaseModel, ImgDataPreprocessor
+from mmengine.optim import AmpOptimWrapper, OptimWrapper
+from mmengine.structures import BaseDataElement
+from torch.utils.data import DataLoader, Dataset
+
+import mmdata_plugin  # noqa: F401  (registers block_collate)
+from mmdata_plugin.handover import (DeviceFeeder, block_collate,
+                                   pass_device_batches, receive_packed)
+from mmdata_plugin.models import TinyCNNClassifier
+
+MEAN, STD = [123.675, 116.28, 103.53], [58.395, 57.12, 57.375]
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(
+        description='Hand-over alone (ready samples: a uint8 image and a '
+        'data sample with a label, so only the hand-over costs) with '
+        'pseudo_collate, default_collate and block_collate: samples/s and '
+        "the training process's CPU per batch; with --feed, a model's step "
+        'rate on a batch in memory against the same model fed by each '
+        'loader. Rounds are interleaved; medians are printed.')
+    parser.add_argument('--device', default='cuda' if
+                        torch.cuda.is_available() else 'cpu')
+    parser.add_argument('--batch-size', type=int, default=256)
+    parser.add_argument('--workers', type=int, default=2)
+    parser.add_argument('--size', type=int, default=224, help='image side')
+    parser.add_argument('--batches', type=int, default=30,
+                        help='batches measured per run, after 5 of warm-up')
+    parser.add_argument('--rounds', type=int, default=3)
+    parser.add_argument('--feed', action='store_true',
+                        help='also train a model (see --model)')
+    parser.add_argument('--model', default='tiny',
+                        choices=('tiny', 'resnet50'),
+                        help='resnet50 needs torchvision (bf16 autocast and '
+                        'channels_last on CUDA)')
+    parser.add_argument('--collates', default='pseudo,default,block')
+    return parser.parse_args()
+
+
+class ReadySamples(Dataset):
+    """Samples as a warm decode-once pipeline leaves them: a random crop
+    and flip of a cached uint8 image (numpy), packed."""
+
+    def __init__(self, size: int, length: int = 100_000) -> None:
+        rng = np.random.default_rng(0)
+        self.images = rng.integers(0, 255, (8, size + 32, size + 32, 3),
+                                   dtype=np.uint8)
+        self.size, self.length = size, length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> dict:
+        image = self.images[index % len(self.images)]
+        y, x = index % 32, (index * 7) % 32
+        crop = image[y:y + self.size, x:x + self.size]
+        if index % 2:
+            crop = crop[:, ::-1]
+        sample = BaseDataElement(metainfo=dict(
+            img_path=f'{index}.jpg', img_shape=crop.shape[:2]))
+        sample.gt_label = torch.tensor([index % 1000])
+        return dict(
+            inputs=torch.from_numpy(
+                np.ascontiguousarray(crop.transpose(2, 0, 1))),
+            data_samples=sample)
+
+
+COLLATES: Dict[str, Callable] = dict(
+    pseudo=pseudo_collate, default=default_collate, block=block_collate)
+
+
+def make_loader(args, collate: str) -> DataLoader:
+    return DataLoader(
+        ReadySamples(args.size),
+        batch_size=args.batch_size,
+        num_workers=args.workers,
+        persistent_workers=True,
+        prefetch_factor=2,
+        pin_memory=args.device.startswith('cuda'),
+        collate_fn=COLLATES[collate])
+
+
+def batches(loader: DataLoader, device: torch.device, collate: str):
+    """The loader's batches as the data preprocessor gets them."""
+    iterator = iter(loader)
+    if collate == 'block':
+        return DeviceFeeder(iterator, device)
+    return iterator
+
+
+def preprocessor(device) -> ImgDataPreprocessor:
+    pre = ImgDataPreprocessor(
+        mean=MEAN, std=STD, bgr_to_rgb=True, non_blocking=True).to(device)
+    # What DeviceFeedHook does: a fed batch is on the device already.
+    pre.cast_data = pass_device_batches(pre.cast_data)
+    return pre
+
+
+def sync(device: torch.device) -> None:
+    if device.type == 'cuda':
+        torch.cuda.synchronize(device)
+
+
+def time_run(step: Callable, source, count: int, device) -> tuple:
+    """(batches/s, training-process CPU ms per batch) over ``count``."""
+    for _ in range(5):
+        step(next(source))
+    sync(device)
+    wall, cpu = time.perf_counter(), time.process_time()
+    for _ in range(count):
+        step(next(source))
+    sync(device)
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    return count / wall, 1e3 * cpu / count
+
+
+def handover_round(args, device, collate: str) -> dict:
+    loader = make_loader(args, collate)
+    pre = preprocessor(device)
+    source = batches(loader, device, collate)
+    results = {}
+    results['handover'] = time_run(pre.cast_data, source,
+                                   args.batches, device)
+    results['preprocess'] = time_run(lambda b: pre(b, True),
+                                     source, args.batches, device)
+    del source, loader  # the workers go before the next run starts
+    return results
+
+
+class TorchvisionResNet50(BaseModel):
+
+    def __init__(self) -> None:
+        import torchvision
+        super().__init__(data_preprocessor=dict(
+            type='ImgDataPreprocessor', mean=MEAN, std=STD, bgr_to_rgb=True,
+            non_blocking=True))
+        self.net = torchvision.models.resnet50()
+
+    def forward(self, inputs, data_samples=None, mode='tensor'):
+        if inputs.is_cuda:
+            inputs = inputs.contiguous(memory_format=torch.channels_last)
+        logits = self.net(inputs)
+        labels = torch.cat([s.gt_label for s in data_samples])
+        return dict(loss=torch.nn.functional.cross_entropy(logits, labels))
+
+
+def build_model(args, device):
+    if args.model == 'resnet50':
+        model = TorchvisionResNet50().to(device)
+        if device.type == 'cuda':
+            model = model.to(memory_format=torch.channels_last)
+    else:
+        model = TinyCNNClassifier(
+            num_classes=1000,
+            data_preprocessor=dict(
+                type='ImgDataPreprocessor', mean=MEAN, std=STD,
+                bgr_to_rgb=True, non_blocking=True)).to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    if device.type == 'cuda':
+        wrapper = AmpOptimWrapper(optimizer=optimizer, dtype='bfloat16')
+    else:
+        wrapper = OptimWrapper(optimizer=optimizer)
+    return model, wrapper
+
+
+def feed_rounds(args, device, collates: List[str]) -> Dict[str, list]:
+    model, wrapper = build_model(args, device)
+    pre = model.data_preprocessor
+    pre.cast_data = pass_device_batches(pre.cast_data)
+    in_memory = default_collate(
+        [ReadySamples(args.size)[i] for i in range(args.batch_size)])
+    if device.type == 'cuda':
+        in_memory['inputs'] = in_memory['inputs'].pin_memory()
+
+    def train(batch):
+        model.train_step(batch, wrapper)
+
+    def repeat():
+        while True:
+            yield in_memory
+
+    # First steps pay for kernel selection and allocator growth.
+    time_run(train, repeat(), 10, device)
+    rates = dict(model_alone=[], **{c: [] for c in collates})
+    loaders = {c: make_loader(args, c) for c in collates}
+    for _ in range(args.rounds):
+        rates['model_alone'].append(
+            time_run(train, repeat(), args.batches, device)[0])
+        for collate in collates:
+            source = batches(loaders[collate], device, collate)
+            rates[collate].append(
+                time_run(train, source, args.batches, device)[0])
+    return rates
+
+
+def main():
+    args = parse_args()
+    device = torch.device(args.device)
+    receive_packed(True)  # as DeviceFeedHook does while it feeds
+    collates = args.collates.split(',')
+    print(f'device {device}, batch {args.batch_size} of 3x{args.size}x'
+          f'{args.size} uint8 + a labelled data sample, {args.workers} '
+          f'workers, pin_memory={device.type == "cuda"}, {args.batches} '
+          f'batches x {args.rounds} interleaved rounds (medians)')
+    runs = {c: [] for c in collates}
+    for _ in range(args.rounds):
+        for collate in collates:
+            runs[collate].append(handover_round(args, device, collate))
+    print('\nHand-over alone: the loader until the batch is on the device as '
+          'the data preprocessor wants it (then + the preprocessor)')
+    print(f'{"collate":<16} {"samples/s":>10} {"CPU ms/batch":>13} '
+          f'{"x pseudo":>9} {"+preproc samples/s":>19} {"CPU ms":>7}')
+    size = args.batch_size
+    base = statistics.median(r['handover'][0] for r in runs[collates[0]])
+    for collate in collates:
+        rate = statistics.median(r['handover'][0] for r in runs[collate])
+        cpu = statistics.median(r['handover'][1] for r in runs[collate])
+        prate = size * statistics.median(r['preprocess'][0]
+                                         for r in runs[collate])
+        pcpu = statistics.median(r['preprocess'][1] for r in runs[collate])
+        print(f'{collate + "_collate":<16} {size * rate:>10.0f} {cpu:>13.1f} '
+              f'{rate / base:>9.2f} {prate:>19.0f} {pcpu:>7.1f}')
+    if not args.feed:
+        return
+    rates = feed_rounds(args, device, collates)
+    alone = statistics.median(rates['model_alone'])
+    print(f'\nFeeding {args.model} ({device}): img/s, median of '
+          f'{args.rounds}; share of the model on a batch in memory')
+    print(f'{"model alone (batch in memory)":<32} '
+          f'{alone * args.batch_size:>8.0f}  100.0%')
+    for collate in collates:
+        rate = statistics.median(rates[collate])
+        print(f'{collate + "_collate loader":<32} '
+              f'{rate * args.batch_size:>8.0f}  {100 * rate / alone:5.1f}%')
+
+
+if __name__ == '__main__':
+    main()
