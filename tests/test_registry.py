@@ -1,5 +1,6 @@
 """Importing the package registers every component; each builds by name."""
 import copy
+import functools
 
 import pytest
 from mmengine.registry import (DATA_SAMPLERS, DATASETS, FUNCTIONS, HOOKS,
@@ -80,6 +81,11 @@ def _builders(demo_root):
         ('LOOPS', 'FastResumeEpochBasedTrainLoop'):
         (dict(max_epochs=1), _loop_args()),
         ('HOOKS', 'DataMonitorHook'): (dict(interval=10), {}),
+        ('HOOKS', 'DeviceFeedHook'): (dict(device='cpu'), {}),
+        # A function: built as mmengine's Runner builds a collate_fn.
+        ('FUNCTIONS', 'block_collate'):
+        (dict(collate='default_collate'),
+         dict(data_batch=[dict(inputs=torch.ones(2))] * 3)),
         ('HOOKS', 'RemoteCachePrefetchHook'): (dict(cache_limit='1MB'), {}),
         ('OPTIM_WRAPPERS', 'CPUAutocastOptimWrapper'):
         (dict(optimizer=torch.optim.SGD(torch.nn.Linear(2, 2).parameters(),
@@ -102,6 +108,10 @@ def test_every_registered_name_builds_from_config(demo_root):
         'a component is registered without a build test, or the other way')
     for (reg_name, name), (cfg, default_args) in builders.items():
         registry = ROOT_REGISTRIES[reg_name]
+        if registry is FUNCTIONS:
+            collate = functools.partial(registry.get(name), **cfg)
+            assert collate(**default_args)['inputs'].shape == (3, 2)
+            continue
         obj = registry.build(
             dict(type=name, **copy.copy(cfg)), default_args=default_args)
         assert type(obj).__name__ == name

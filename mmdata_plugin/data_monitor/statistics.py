@@ -22,12 +22,12 @@ from .worker_timing import COLLATE, FETCH
 #: Stages of a worker's batch production that are not pipeline transforms,
 #: in the order tables list them.
 BASE_STAGES = (IO, DECODE, FETCH, COLLATE)
-#: The training process's data stages that run on its main thread, between
-#: two requests for a batch (``receive`` and ``pin`` run in the pin-memory
-#: thread when there is one, else inside the wait).
-MAIN_THREAD_STAGES = ('to_device', 'unpack', 'preprocess')
-#: All of them, in the order tables list them.
-TRAINER_STAGES = ('receive', 'pin') + MAIN_THREAD_STAGES
+#: The training process's data stages that hold up its training thread
+#: between two requests for a batch: waiting for the fed batch, the data
+#: preprocessor. ``receive`` and ``pin`` run in the pin-memory thread when
+#: there is one (else inside the wait), ``unpack`` in DeviceFeeder's
+#: placing thread.
+MAIN_THREAD_STAGES = ('to_device', 'preprocess')
 
 
 def describe(values, total: float, count: int, peak: float) -> dict:

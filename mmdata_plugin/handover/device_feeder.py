@@ -1,17 +1,18 @@
 """Batches onto the device one step ahead, on a side stream.
 
 :class:`DeviceFeeder` wraps a DataLoader iterator in the training process.
-Each ``next()`` hands out the batch whose copy to the device was issued one
-step earlier and issues the copy of the one after it, so the copy runs
-while the current step computes (timm's ``PrefetchLoader``, NVIDIA's
-ImageNet example). A :class:`~.batch_block.BatchBlock` is copied as one
+Each ``next()`` hands out the batch placed while the previous step ran and
+starts placing the one after it, so the copy runs while the current step
+computes (timm's ``PrefetchLoader``, NVIDIA's ImageNet example) and so
+does the host work of unpacking it. A :class:`~.batch_block.BatchBlock` is copied as one
 block (one non-blocking copy from pinned memory) and unpacked into views on
 the device; any other batch has each tensor copied, as mmengine's
 ``cast_data`` would. On a CPU device nothing is copied: blocks are unpacked
 into views of the host block, other batches pass unchanged.
 """
 import time
-from typing import Any, Callable, Iterator, Optional
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Iterator, List, Optional
 
 import torch
 from .batch_block import BatchBlock
@@ -43,14 +44,46 @@ def pass_device_batches(cast_data: Callable) -> Callable:
     return cast
 
 
+class _Placed:
+    """A batch that needs no placing, with a future's ``result``."""
+
+    __slots__ = ('value', )
+
+    def __init__(self, value) -> None:
+        self.value = value
+
+    def result(self):
+        return self.value
+
+
+_PLACER: List[ThreadPoolExecutor] = []
+
+
+def _placer() -> ThreadPoolExecutor:
+    """The one thread that places blocks, in the order they are given."""
+    if not _PLACER:
+        _PLACER.append(
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix='mmdata_feed'))
+    return _PLACER[0]
+
+
 class DeviceFeeder:
-    """Iterator of device batches, one copy ahead.
+    """Iterator of device batches, placed one batch ahead.
+
+    When batch *i* is taken, batch *i+1* is taken from the DataLoader and
+    placed by a background thread: its block copied to the device (on a side
+    CUDA stream) and unpacked into views there. The training step that runs
+    meanwhile mostly waits for the GPU with the GIL released, so the
+    placing costs the step next to nothing; the step then only makes the
+    compute stream wait for the copy (on the GPU).
 
     Args:
         iterator (Iterator): The DataLoader iterator.
         device (torch.device): Where the model runs.
         on_batch (callable, optional): Called with each handed-out batch's
-            ``handover_stages`` (seconds by stage) before it is returned.
+            ``handover_stages`` (seconds by stage) before it is returned:
+            ``unpack`` (issuing the copy and unpacking, in the background)
+            and ``to_device`` (what the training thread waited for it).
     """
 
     def __init__(self,
@@ -58,7 +91,11 @@ class DeviceFeeder:
                  device: torch.device,
                  on_batch: Optional[Callable[[dict], None]] = None) -> None:
         self.iterator = iterator
-        self.device = torch.device(device)
+        device = torch.device(device)
+        if device.type == 'cuda' and device.index is None:
+            # The placing thread has its own current device.
+            device = torch.device('cuda', torch.cuda.current_device())
+        self.device = device
         self.on_batch = on_batch
         self.stream = (torch.cuda.Stream(self.device)
                        if self.device.type == 'cuda' else None)
@@ -79,37 +116,43 @@ class DeviceFeeder:
 
     def __next__(self) -> Any:
         if self._ahead is None:
-            self._ahead = self._issue()
+            self._ahead = self._take()
         if self._ahead is _END:
             raise StopIteration
-        batch, ready, stages = self._ahead
-        self._ahead = self._issue()
+        placing = self._ahead
+        self._ahead = self._take()
         start = _perf_counter()
+        batch, ready, stages = placing.result()
         if ready is not None:
             # The GPU waits for the copy; the host does not.
             torch.cuda.current_stream(self.device).wait_event(ready)
-        stages['to_device'] = stages.get('to_device',
-                                         0.0) + _perf_counter() - start
+        stages['to_device'] = _perf_counter() - start
         if self.on_batch is not None:
             self.on_batch(stages)
         return batch
 
-    def _issue(self):
-        """Take the next batch and start its copy; ``_END`` at the end."""
+    def _take(self):
+        """Take the next batch and start placing it; ``_END`` at the end."""
         try:
             item = next(self.iterator)
         except StopIteration:
             return _END
         if not isinstance(item, BatchBlock):
-            return item, None, dict(getattr(item, 'handover_stages', {}))
-        stages = item.handover_stages
+            return _Placed(
+                (item, None, dict(getattr(item, 'handover_stages', {}))))
+        consumer = (torch.cuda.current_stream(self.device)
+                    if self.stream is not None else None)
+        return _placer().submit(self._place, item, consumer)
+
+    def _place(self, item: BatchBlock, consumer) -> tuple:
+        """Copy a block to the device and unpack it (placing thread)."""
         start = _perf_counter()
         if self.stream is None:
             small, large = item.to_device(self.device)
             ready = None
         else:
-            consumer = torch.cuda.current_stream(self.device)
-            with torch.cuda.stream(self.stream):
+            with torch.cuda.device(self.device), torch.cuda.stream(
+                    self.stream):
                 small, large = item.to_device(self.device, non_blocking=True)
                 ready = torch.cuda.Event()
                 ready.record(self.stream)
@@ -117,10 +160,8 @@ class DeviceFeeder:
             # stream used them: the allocator must wait for that use.
             small.record_stream(consumer)
             large.record_stream(consumer)
-        copied = _perf_counter()
         batch = item.unpack(small, large)
-        stages['to_device'] = copied - start
-        stages['unpack'] = _perf_counter() - copied
+        stages = dict(item.handover_stages, unpack=_perf_counter() - start)
         if type(batch) is dict:
             batch = DeviceBatch(batch)
-        return batch, ready, dict(stages)
+        return batch, ready, stages
