@@ -15,7 +15,7 @@ except ImportError as error:  # pragma: no cover - depends on the install
     ) from error
 
 from . import (datasets, engine, evaluation, models, remote,  # noqa: F401
-               remote_cache, transforms)
+               remote_cache, sample_order, transforms)
 from .utils import install_safe_checkpoint_loading
 from .version import __version__
 
