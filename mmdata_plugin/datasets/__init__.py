@@ -13,7 +13,8 @@ from .sample_seeded_dataset import SampleSeededDataset
 __all__ = [
     'AnnotationFormatError', 'decode_line', 'iter_path_labels',
     'parse_path_label', 'sample_line_starts', 'GrowingWindowSampler',
-    'window_capacity', 'ImageListDataset', 'LineIndex', 'StaleIndexError', 'build_line_index',
+    'window_capacity', 'ImageListDataset', 'LineIndex', 'StaleIndexError',
+    'build_line_index',
     'default_index_path', 'ensure_line_index', 'RankShardedDataset',
     'RankShardedSampler', 'RankShardedInfiniteSampler', 'SampleSeededDataset'
 ]

@@ -1,6 +1,6 @@
 """Belady-with-bypass decisions for a node, made tick by tick ahead of use.
 
-The planner walks the node's future stream (:class:`~mmdata_plugin.sample_order.NodeStream`)
+The planner walks the node's future stream (:class:`~.NodeStream`)
 ahead of the readers and decides, per tick, whether the read is served by a
 kept copy (hit) or needs a download, and what is kept afterwards
 (:class:`~.belady.BeladyCache`). Next uses are looked up within a
