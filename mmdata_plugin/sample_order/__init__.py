@@ -5,7 +5,7 @@ The one place that knows the order of every supported sampler (mmengine's
 batch samplers) for any world size: the dataset index and per-sample seed
 at a global position, the batches of an epoch, the settings that define the
 stream and the position after N batches. Fast resume, the remote cache
-planner, the growing window and the monitor ask it.
+planner and the samplers of :mod:`mmdata_plugin.datasets` ask it.
 """
 from .batch_order import (STRATEGY_DESCRIPTIONS, BatchOrder, batch_count,
                           batches_into_epoch, choose_strategy)
