@@ -117,10 +117,11 @@ def batches_into_epoch(
             level=logging.WARNING)
         return 0
     earlier = epoch * per_epoch
-    if batches_of_epoch is not None and batches_of_epoch(epoch) is not None:
+    this_epoch = None if batches_of_epoch is None else batches_of_epoch(epoch)
+    if this_epoch is not None:
         # Epochs of different lengths (a growing window).
         earlier = sum(map(batches_of_epoch, range(epoch)))
-        per_epoch = batches_of_epoch(epoch)
+        per_epoch = this_epoch
     batches = iteration - earlier
     if not 0 <= batches <= per_epoch:
         raise DataPositionError(
