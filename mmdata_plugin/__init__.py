@@ -15,7 +15,7 @@ except ImportError as error:  # pragma: no cover - depends on the install
     ) from error
 
 from . import (datasets, engine, evaluation, handover,  # noqa: F401
-               models, remote, remote_cache, transforms)
+               models, remote, remote_cache, sample_order, transforms)
 from .utils import install_safe_checkpoint_loading
 from .version import __version__
 

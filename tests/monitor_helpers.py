@@ -22,7 +22,7 @@ from mmengine.runner.base_loop import BaseLoop
 from mmengine.runner.utils import calc_dynamic_intervals
 
 import mmdata_plugin  # noqa: F401  (registers transforms, the hook)
-from mmdata_plugin.utils import SampleIndex
+from mmdata_plugin.sample_order import SampleIndex
 
 IMAGE_SIDE = 16
 

@@ -172,11 +172,10 @@ def ours_prefetch(dataset, sampler, backend_args: dict, epochs: int,
     from mmdata_plugin.engine.hooks.remote_cache_prefetch_hook import \
         node_ranks
     from mmdata_plugin.remote_cache.consumption_cursors import CursorWriter
-    from mmdata_plugin.remote_cache.node_stream import NodeStream
     from mmdata_plugin.remote_cache.pipeline_routing import SampleFiles
     from mmdata_plugin.remote_cache.prefetch_process import (PrefetchProcess,
                                                              PrefetchSpec)
-    from mmdata_plugin.remote_cache.sample_order import sample_order_of
+    from mmdata_plugin.sample_order import NodeStream, sample_order_of
     rank, world_size = dist.get_rank(), dist.get_world_size()
     local_rank, local_size = node_ranks()
     cache_dir = backend_args['cache_dir']

@@ -9,12 +9,12 @@ library code. The probes time only while a monitored fetch is running (any
 other caller pays one list check) and are installed lazily in each process
 that loads data, which is what makes them reach spawn workers too. Loaders
 that bypass these functions (``cv2.imread``, PIL, custom readers) are timed
-as part of their own transform: "loaded" as one stage.
+as part of their own transform: "loaded" as one stage. The clock is the
+caller's (:mod:`.worker_timing` passes its own), so this module imports
+none of the monitor.
 """
 import importlib
 from typing import Callable, List, Optional, Tuple
-
-from . import worker_timing
 
 IO = 'io'
 DECODE = 'decode'
@@ -62,12 +62,13 @@ def _targets() -> List[Tuple[object, str, str]]:
     return _owners
 
 
-def _make_probe(original: Callable, stage: str) -> Callable:
+def _make_probe(original: Callable, stage: str, timed_call: Callable,
+                inside_timed_region: Callable[[], bool]) -> Callable:
 
     def probe(*args, **kwargs):
-        if not worker_timing.inside_timed_region():
+        if not inside_timed_region():
             return original(*args, **kwargs)
-        return worker_timing.timed_call(stage, original, *args, **kwargs)
+        return timed_call(stage, original, *args, **kwargs)
 
     probe._data_monitor_original = original
     probe.__wrapped__ = original
@@ -76,8 +77,16 @@ def _make_probe(original: Callable, stage: str) -> Callable:
     return probe
 
 
-def ensure_installed() -> None:
-    """Install the probes in this process unless they are already there."""
+def ensure_installed(timed_call: Callable,
+                     inside_timed_region: Callable[[], bool]) -> None:
+    """Install the probes in this process unless they are already there.
+
+    Args:
+        timed_call (callable): ``timed_call(stage, fn, *args, **kwargs)``
+            calls ``fn`` and books its time under ``stage``.
+        inside_timed_region (callable): Whether a monitored fetch is
+            running; the probes time nothing else.
+    """
     if _installed:
         return
     for owner, attr, stage in _targets():
@@ -85,7 +94,8 @@ def ensure_installed() -> None:
         # A forked child inherits installed probes; never wrap twice.
         if original is None or hasattr(original, '_data_monitor_original'):
             continue
-        setattr(owner, attr, _make_probe(original, stage))
+        setattr(owner, attr,
+                _make_probe(original, stage, timed_call, inside_timed_region))
         _installed.append((owner, attr, original))
 
 

@@ -89,7 +89,7 @@ class TimingPlan:
             items[:] = wrapped if timed else plain
         if self.probes and with_probes:
             if timed:
-                probes.ensure_installed()
+                probes.ensure_installed(timed_call, inside_timed_region)
             else:
                 probes.uninstall()
 
@@ -482,7 +482,7 @@ def _fetch(dataset, samples: int, fetch: Callable, arg):
     if not acc.timing:
         return fetch(dataset, arg)
     if dataset._dm_probes:
-        probes.ensure_installed()
+        probes.ensure_installed(timed_call, inside_timed_region)
     return timed_call(FETCH, fetch, dataset, arg)
 
 

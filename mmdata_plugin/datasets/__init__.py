@@ -1,10 +1,8 @@
 from .annotation_lines import (AnnotationFormatError, decode_line,
                                iter_path_labels, parse_path_label,
                                sample_line_starts)
-from .growing_window import GrowingWindow, WindowChanges
 from .growing_window_sampler import GrowingWindowSampler, window_capacity
 from .image_list_dataset import ImageListDataset
-from .index_permutation import IndexPermutation
 from .line_index import (LineIndex, StaleIndexError, build_line_index,
                          default_index_path, ensure_line_index)
 from .rank_sharded_dataset import RankShardedDataset
@@ -14,10 +12,9 @@ from .sample_seeded_dataset import SampleSeededDataset
 
 __all__ = [
     'AnnotationFormatError', 'decode_line', 'iter_path_labels',
-    'parse_path_label', 'sample_line_starts', 'GrowingWindow',
-    'WindowChanges', 'GrowingWindowSampler', 'window_capacity',
-    'ImageListDataset',
-    'IndexPermutation', 'LineIndex', 'StaleIndexError', 'build_line_index',
+    'parse_path_label', 'sample_line_starts', 'GrowingWindowSampler',
+    'window_capacity', 'ImageListDataset', 'LineIndex', 'StaleIndexError',
+    'build_line_index',
     'default_index_path', 'ensure_line_index', 'RankShardedDataset',
     'RankShardedSampler', 'RankShardedInfiniteSampler', 'SampleSeededDataset'
 ]

@@ -5,7 +5,7 @@ import numpy as np
 from mmengine.registry import DATA_SAMPLERS
 
 from ..cache.size_units import parse_size
-from .growing_window import GrowingWindow, WindowChanges
+from ..sample_order.growing_window import GrowingWindow, WindowChanges
 from .rank_sharded_sampler import RankShardedSampler
 
 

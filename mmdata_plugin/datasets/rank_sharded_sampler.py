@@ -26,8 +26,8 @@ from mmengine.logging import print_log
 from mmengine.registry import DATA_SAMPLERS
 from torch.utils.data import DataLoader, Sampler
 
-from ..utils.sample_index import SampleIndex
-from .index_permutation import IndexPermutation
+from ..sample_order.index_permutation import IndexPermutation
+from ..sample_order.sample_index import SampleIndex
 from .rank_sharded_dataset import RankShardedDataset
 
 # Positions mapped to ids per numpy call; bounds the transient memory of a

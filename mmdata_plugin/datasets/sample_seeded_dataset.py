@@ -13,11 +13,12 @@ class SampleSeededDataset:
 
     Before ``dataset[index]`` loads and transforms a sample, Python's
     ``random``, ``numpy.random`` and torch's CPU generator are seeded with
-    ``index.seed`` (a :class:`~mmdata_plugin.utils.SampleIndex` field). Which
-    worker loads the sample, how many workers exist, and what they loaded
-    before no longer matter, so an index-only fast-forward replays the same
-    augmented values. The fast-resume loops wrap their train dataset in it
-    and send seeded indices; a plain ``int`` index loads unseeded.
+    ``index.seed`` (a :class:`~mmdata_plugin.sample_order.SampleIndex`
+    field). Which worker loads the sample, how many workers exist, and what
+    they loaded before no longer matter, so an index-only fast-forward
+    replays the same augmented values. The fast-resume loops wrap their
+    train dataset in it and send seeded indices; a plain ``int`` index loads
+    unseeded.
 
     In the main process (``num_workers=0``) the RNG states are restored
     after each sample, so data loading does not shift the randomness of the

@@ -6,11 +6,8 @@ downloads ahead of the readers and keeps what is read again soonest
 """
 from .cache_simulator import simulate, simulate_segments
 from .node_cache_backend import NodeCacheBackend
-from .node_stream import NodeStream
-from .sample_order import UnplannableSampler, sample_order_of
 from .stream_planner import StreamPlanner
 
 __all__ = [
-    'NodeCacheBackend', 'NodeStream', 'StreamPlanner', 'UnplannableSampler',
-    'sample_order_of', 'simulate', 'simulate_segments'
+    'NodeCacheBackend', 'StreamPlanner', 'simulate', 'simulate_segments'
 ]

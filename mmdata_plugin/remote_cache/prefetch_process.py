@@ -16,9 +16,9 @@ from typing import Callable, List, NamedTuple, Optional
 from mmengine.logging import print_log
 
 from ..cache.node_store import NodeStore
+from ..sample_order.node_stream import NodeStream
 from .consumption_cursors import CursorReader
 from .node_cache_backend import RemoteReader
-from .node_stream import NodeStream
 from .prefetcher import NodePrefetcher
 
 _POLL_SECONDS = 0.005

@@ -36,10 +36,10 @@ from typing import Callable, Dict, List, Optional
 
 from mmengine.logging import print_log
 
+from ..sample_order.node_stream import NodeStream
 from .consumption_cursors import CursorReader
 from .node_cache_backend import (NAMESPACE, DownloadNotWanted, RemoteReader,
                                  write_victims)
-from .node_stream import NodeStream
 from .read_once import ReadOnceMarks
 from .stream_planner import StreamPlanner
 from .window_ahead import EnteringSamples

@@ -1,6 +1,6 @@
 """Belady-with-bypass decisions for a node, made tick by tick ahead of use.
 
-The planner walks the node's future stream (:class:`~.node_stream.NodeStream`)
+The planner walks the node's future stream (:class:`~.NodeStream`)
 ahead of the readers and decides, per tick, whether the read is served by a
 kept copy (hit) or needs a download, and what is kept afterwards
 (:class:`~.belady.BeladyCache`). Next uses are looked up within a
@@ -11,8 +11,8 @@ from typing import Callable, Iterable, Optional
 
 import numpy as np
 
+from ..sample_order.node_stream import NodeStream
 from .belady import NEVER, BeladyCache, Decision, next_uses
-from .node_stream import NodeStream
 
 
 class StreamPlanner:

@@ -16,7 +16,7 @@ from typing import List, Optional, Tuple
 
 import numpy as np
 
-from .node_stream import NodeStream
+from ..sample_order.node_stream import NodeStream
 
 
 class EnteringSamples:

@@ -7,7 +7,6 @@ from .demo_data import make_demo_dataset
 from .dist import prepare_distributed
 from .image_quality import PixelDifference, pixel_difference
 from .resume_checkpoint import checkpoint_problem, find_resumable_checkpoint
-from .sample_index import SampleIndex, with_fields
 from .seeding import mix_seed, preserved_global_rngs, seed_global_rngs
 from .synthetic_images import camera_like_image, encode_jpeg
 
@@ -17,7 +16,7 @@ __all__ = [
     'load_checkpoint_safely', 'load_from_local_safely', 'checkpoint_problem',
     'find_resumable_checkpoint', 'trust_checkpoint', 'make_demo_dataset',
     'prepare_distributed',
-    'SampleIndex', 'with_fields', 'PixelDifference', 'pixel_difference',
+    'PixelDifference', 'pixel_difference',
     'camera_like_image', 'encode_jpeg', 'mix_seed', 'preserved_global_rngs',
     'seed_global_rngs'
 ]

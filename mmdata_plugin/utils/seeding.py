@@ -21,7 +21,7 @@ def splitmix64(value: int) -> int:
 
     Every input bit affects every output bit, so nearby positions get
     unrelated outputs. Shared by the per-sample seeds and the keys of
-    :class:`~mmdata_plugin.datasets.IndexPermutation`.
+    :class:`~mmdata_plugin.sample_order.IndexPermutation`.
     """
     value = (value + 0x9E3779B97F4A7C15) & MASK64
     value = ((value ^ (value >> 30)) * 0xBF58476D1CE4E5B9) & MASK64

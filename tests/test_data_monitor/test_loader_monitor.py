@@ -18,7 +18,9 @@ from mmdata_plugin.data_monitor.loader_monitor import loader_context
 from mmdata_plugin.data_monitor.worker_timing import (ACCUMULATOR,
                                                       MonitoredBatch,
                                                       TimedCollate,
-                                                      TimedTransform)
+                                                      TimedTransform,
+                                                      inside_timed_region,
+                                                      timed_call)
 from mmdata_plugin.datasets import SampleSeededDataset
 from mmdata_plugin.engine import DataMonitorHook
 
@@ -422,7 +424,7 @@ def test_timed_objects_survive_pickling_for_spawn_workers():
 
 
 def test_probes_time_only_inside_monitored_fetches():
-    probes.ensure_installed()
+    probes.ensure_installed(timed_call, inside_timed_region)
     try:
         assert hasattr(mmcv.imfrombytes, '_data_monitor_original')
         before = dict(ACCUMULATOR.stages)

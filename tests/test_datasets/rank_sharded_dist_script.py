@@ -11,7 +11,7 @@ import torch.distributed as dist
 from mmengine.runner import Runner
 
 import mmdata_plugin  # noqa: F401
-from mmdata_plugin.datasets import IndexPermutation
+from mmdata_plugin.sample_order import IndexPermutation
 
 N = 101
 

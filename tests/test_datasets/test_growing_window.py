@@ -10,11 +10,11 @@ from test_rank_sharded_sampler import _ranks as simulated_ranks
 from test_rank_sharded_sampler import check_fast_forward
 from torch.utils.data import DataLoader
 
-from mmdata_plugin.datasets import (GrowingWindow, GrowingWindowSampler,
-                                    IndexPermutation, window_capacity)
+from mmdata_plugin.datasets import GrowingWindowSampler, window_capacity
 from mmdata_plugin.engine.runner.data_stream_resumer import DataStreamResumer
 from mmdata_plugin.engine.runner.resumable_iterator import \
     ResumableDataloaderIterator
+from mmdata_plugin.sample_order import GrowingWindow, IndexPermutation
 
 
 def _ranks(n, world_size, monkeypatch, **kwargs):

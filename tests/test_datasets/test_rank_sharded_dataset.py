@@ -14,8 +14,8 @@ from mmdata_plugin.datasets import (AnnotationFormatError, ImageListDataset,
                                     StaleIndexError)
 from mmdata_plugin.datasets import rank_shard_files
 from mmdata_plugin.datasets import rank_sharded_dataset as dataset_module
+from mmdata_plugin.sample_order import SampleIndex
 from mmdata_plugin.testing import process_memory
-from mmdata_plugin.utils import SampleIndex
 
 TRICKY = (b'a.jpg 1\n\n  \nb c.jpg 22\r\nx.jpg 0   \n'
           b'd\xc3\xa9j\xc3\xa0.jpg\t7\nlast.jpg 3')

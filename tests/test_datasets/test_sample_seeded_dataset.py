@@ -8,7 +8,7 @@ from torch.utils.data import DataLoader
 
 import mmdata_plugin  # noqa: F401
 from mmdata_plugin.datasets import SampleSeededDataset
-from mmdata_plugin.utils import SampleIndex
+from mmdata_plugin.sample_order import SampleIndex
 
 
 class Draws:

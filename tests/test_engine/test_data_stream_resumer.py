@@ -24,10 +24,10 @@ from torch.utils.data import (DataLoader, Dataset, DistributedSampler,
 from mmdata_plugin.datasets import (GrowingWindowSampler,
                                     RankShardedInfiniteSampler,
                                     RankShardedSampler, SampleSeededDataset)
-from mmdata_plugin.engine.runner import (DataPositionError, DataStreamResumer,
+from mmdata_plugin.engine.runner import (DataStreamResumer,
                                          ResumableDataloaderIterator)
 from mmdata_plugin.engine.runner.data_stream_resumer import describe
-from mmdata_plugin.utils import SampleIndex
+from mmdata_plugin.sample_order import DataPositionError, SampleIndex
 
 BATCH = 4
 
@@ -518,7 +518,7 @@ def test_sampler_drawing_for_every_index_is_warned_about():
         sampler=GlobalRngEachIndexSampler(len(dataset)),
         collate_fn=list)
     with mock.patch(
-            'mmdata_plugin.engine.runner.resumable_batch_sampler.print_log'
+            'mmdata_plugin.sample_order.batch_order.print_log'
     ) as log:
         read(loader, 7)
     warnings = [c for c in log.call_args_list if 'GlobalRngEachIndexSampler '

@@ -4,7 +4,7 @@ from fast_resume_toys import (Recorder, ToyIterable, make_runner,
                               recorder_of)
 
 from mmdata_plugin.engine import FastResumeHook
-from mmdata_plugin.engine.runner import DataPositionError
+from mmdata_plugin.sample_order import DataPositionError
 from mmdata_plugin.utils import load_from_local_safely
 
 ITER_LOOP = 'FastResumeIterBasedTrainLoop'

@@ -15,7 +15,7 @@ import pytest
 from fast_resume_toys import make_runner, recorder_of
 from helpers import DEMO_CONFIG, REPO_ROOT, TRAIN_SCRIPT
 
-from mmdata_plugin.datasets import GrowingWindow
+from mmdata_plugin.sample_order import GrowingWindow
 from mmdata_plugin.testing import python_path, run_command, run_torchrun
 from mmdata_plugin.utils.checkpoint_safety import load_from_local_safely
 

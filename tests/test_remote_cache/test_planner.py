@@ -12,10 +12,9 @@ from mmdata_plugin.datasets import (GrowingWindowSampler,
                                     RankShardedSampler)
 from mmdata_plugin.remote_cache.belady import BeladyCache, next_uses
 from mmdata_plugin.remote_cache.cache_simulator import simulate
-from mmdata_plugin.remote_cache.node_stream import NodeStream
-from mmdata_plugin.remote_cache.sample_order import (UnplannableSampler,
-                                                     sample_order_of)
 from mmdata_plugin.remote_cache.stream_planner import StreamPlanner
+from mmdata_plugin.sample_order import (NodeStream, UnplannableSampler,
+                                        sample_order_of)
 
 
 def brute_force_belady(trace, capacity):
@@ -328,8 +327,7 @@ def test_iteration_loop_stop_spans_epochs_of_different_lengths(
         drop_last, max_iters):
     # An iteration-based loop restarts the DataLoader at each epoch end:
     # the plan stops after max_iters batches, whatever epoch that is in.
-    from mmdata_plugin.engine.hooks.remote_cache_prefetch_hook import \
-        iteration_stop
+    from mmdata_plugin.sample_order import iteration_stop
     (sampler, ) = _samplers(GrowingWindowSampler, 23, 1, initial=5,
                             growth=4, capacity=13)
     stream = NodeStream(sample_order_of(BatchSampler(sampler, 3, False), 1),

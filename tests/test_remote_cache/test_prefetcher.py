@@ -15,9 +15,8 @@ from mmdata_plugin.remote_cache.consumption_cursors import (CursorReader,
 from mmdata_plugin.remote_cache.node_cache_backend import (NAMESPACE, READS,
                                                            NodeCacheBackend,
                                                            RemoteReader)
-from mmdata_plugin.remote_cache.node_stream import NodeStream
 from mmdata_plugin.remote_cache.prefetcher import _SIZE_PROBES, NodePrefetcher
-from mmdata_plugin.remote_cache.sample_order import sample_order_of
+from mmdata_plugin.sample_order import NodeStream, sample_order_of
 
 SIZE = 1000
 

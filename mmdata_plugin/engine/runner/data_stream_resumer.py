@@ -7,12 +7,15 @@ from mmengine.logging import print_log
 from torch.utils.data import DataLoader, IterableDataset
 
 from ...datasets.sample_seeded_dataset import SampleSeededDataset
+from ...sample_order.batch_order import (STRATEGY_DESCRIPTIONS, BatchOrder,
+                                        batches_into_epoch)
+from ...sample_order.data_position import (FORMAT_VERSION,
+                                           SAMPLE_LEVEL_STRATEGIES,
+                                           DataPosition, DataPositionError,
+                                           check_compatible)
+from ...sample_order.stream_settings import dataloader_stream_settings
 from ...utils.dataloader_slots import rebind_dataloader_attribute
-from .data_position import (FORMAT_VERSION, SAMPLE_LEVEL_STRATEGIES,
-                            DataPosition, DataPositionError, check_compatible)
-from .resumable_batch_sampler import (STRATEGY_DESCRIPTIONS,
-                                      ResumableBatchSampler)
-from .stream_settings import dataloader_stream_settings
+from .resumable_batch_sampler import ResumableBatchSampler
 
 
 class ResumeReport(NamedTuple):
@@ -39,8 +42,10 @@ class DataStreamResumer:
     :class:`SampleSeededDataset` around the dataset (``seed_per_sample``)
     and a :class:`ResumableBatchSampler` in the batch-sampler slot. It
     describes the position as plain data for checkpoints and, on resume,
-    restores the sampler seed and moves the stream to the saved position (or
-    to the one implied by the iteration of a stock checkpoint).
+    restores the sampler seed, asks the stream's
+    :class:`~mmdata_plugin.sample_order.BatchOrder` for the saved position
+    (or the one implied by the iteration of a stock checkpoint) and moves
+    the batch sampler there.
 
     Args:
         dataloader (DataLoader): The train dataloader.
@@ -60,6 +65,7 @@ class DataStreamResumer:
                 'the order workers finish them, which no resume can replay. '
                 'Use in_order=True with the fast-resume loops.')
         self.dataloader = dataloader
+        self.order: Optional[BatchOrder] = None
         self._saved: Optional[dict] = None
         self._meta_seed: Optional[int] = None
         self._fallback_seed = seed
@@ -77,10 +83,8 @@ class DataStreamResumer:
         self.position = DataPosition(None)
         self.batch_sampler = ResumableBatchSampler(
             dataloader.batch_sampler, self.position, seed, seed_per_sample)
-        if self.strategy != 'batch_replay':
-            self.position.samples_per_batch = (
-                self.batch_sampler.batch_size *
-                self.batch_sampler.world_size)
+        self.order = self.batch_sampler.order
+        self.position.samples_per_batch = self.order.samples_per_batch
         rebind_dataloader_attribute(dataloader, 'batch_sampler',
                                     self.batch_sampler)
         # A setting checkpoints cannot store fails here, not at the first
@@ -90,26 +94,26 @@ class DataStreamResumer:
     @property
     def strategy(self) -> str:
         """How the stream is positioned (see ``choose_strategy``)."""
-        if self.batch_sampler is None:
+        if self.order is None:
             return 'load_and_drop'
-        return self.batch_sampler.strategy
+        return self.order.strategy
 
     @property
     def seed(self) -> int:
         """Seed of the sampler order and of the per-sample seeds."""
-        if self.batch_sampler is None:
+        if self.order is None:
             return self._fallback_seed
-        return self.batch_sampler.seed
+        return self.order.seed
 
     def facts(self) -> dict:
         """What a saved position is only valid for (plain data)."""
-        if self.batch_sampler is None:
+        if self.order is None:
             sampler, batch_sampler = None, self.dataloader.batch_sampler
             world_size = None
         else:
-            sampler = self.batch_sampler.sampler
-            batch_sampler = self.batch_sampler.batch_sampler
-            world_size = self.batch_sampler.world_size
+            sampler = self.order.sampler
+            batch_sampler = self.order.batch_sampler
+            world_size = self.order.world_size
         dataset = self.dataloader.dataset
         return dict(
             strategy=self.strategy,
@@ -193,16 +197,16 @@ class DataStreamResumer:
             self.batch_sampler.seek(epoch, samples, batches)
 
     def _use_seed(self, seed: Optional[int], source: str) -> None:
-        if self.batch_sampler is None:
+        if self.order is None:
             self._fallback_seed = seed
             return
-        if seed is not None and seed != self.batch_sampler.seed:
+        if seed is not None and seed != self.order.seed:
             print_log(
                 f'Fast resume: the sampler seed {seed} from the {source} '
-                f'replaces {self.batch_sampler.seed}, which was chosen before '
+                f'replaces {self.order.seed}, which was chosen before '
                 'the checkpoint was read.',
                 logger='current')
-            self.batch_sampler.set_seed(seed)
+            self.order.set_seed(seed)
 
     def _from_saved(self, saved: dict, iteration: int,
                     epoch: Optional[int]) -> tuple:
@@ -228,7 +232,7 @@ class DataStreamResumer:
             print_log(
                 f'Fast resume: world_size x batch_size changed from '
                 f'{saved["world_size"]} x {saved["batch_size"]} to '
-                f'{self.batch_sampler.world_size} x '
+                f'{self.order.world_size} x '
                 f'{self.batch_sampler.batch_size}; the sample stream '
                 f'continues at global sample {samples} of epoch '
                 f'{saved["epoch"]}.',
@@ -239,7 +243,7 @@ class DataStreamResumer:
 
     def _from_stock_checkpoint(self, iteration: int, epoch: Optional[int],
                                diff_rank_seed: bool) -> Optional[tuple]:
-        sampler = getattr(self.batch_sampler, 'sampler', None)
+        sampler = getattr(self.order, 'sampler', None)
         if diff_rank_seed and hasattr(sampler, 'seed'):
             print_log(
                 'Fast resume: the checkpoint has no data position and was '
@@ -253,49 +257,20 @@ class DataStreamResumer:
             self._use_seed(self._meta_seed, 'checkpoint meta')
         per_batch = self.position.samples_per_batch or 0
         consumed = iteration * per_batch
-        if epoch is not None:
-            batches = self._batches_into_epoch(iteration, epoch)
-        elif self.strategy == 'load_and_drop':
-            return None
-        elif self.batch_sampler.infinite:
-            epoch, batches = 0, iteration
-        elif self.batch_sampler.infinite is False:
-            # mmengine's infinite iterator restarts the DataLoader (and
-            # sets the next epoch) after len(dataloader) batches.
-            epoch, batches = divmod(iteration, len(self.dataloader))
-        else:
+        if self.order is None:
+            if epoch is None:
+                return None
+            batches = batches_into_epoch(iteration, epoch, self.dataloader)
+            return (iteration, epoch, batches, 0, consumed)
+        found = self.order.position_after(iteration, epoch)
+        if found is None:
             # Whether the sampler ever ends an epoch is unknown: replay it.
             epoch, batches = self.batch_sampler.replay(iteration, 0)
             self.position.move_to(iteration, epoch, batches,
                                   batches * per_batch, consumed)
             return None
+        epoch, batches = found
         return (iteration, epoch, batches, batches * per_batch, consumed)
-
-    def _batches_into_epoch(self, iteration: int, epoch: int) -> int:
-        """Batches done in ``epoch``, from the iteration of a stock loop."""
-        try:
-            per_epoch = len(self.dataloader)
-        except TypeError:
-            print_log(
-                'Fast resume: the train dataloader has no length, so the '
-                'position within the epoch is unknown; the epoch restarts '
-                'from its first batch (stock behaviour).',
-                logger='current',
-                level=logging.WARNING)
-            return 0
-        earlier = epoch * per_epoch
-        if self.batch_sampler.batches_of_epoch(epoch) is not None:
-            # Epochs of different lengths (a growing window).
-            earlier = sum(map(self.batch_sampler.batches_of_epoch,
-                              range(epoch)))
-            per_epoch = self.batch_sampler.batches_of_epoch(epoch)
-        batches = iteration - earlier
-        if not 0 <= batches <= per_epoch:
-            raise DataPositionError(
-                f'The checkpoint says iteration {iteration} in epoch {epoch}, '
-                f'which does not fit the {per_epoch} batches per epoch of '
-                'this train_dataloader.')
-        return batches
 
 
 def describe(report: ResumeReport) -> str:

@@ -6,8 +6,8 @@ from typing import Sequence
 from mmengine.logging import print_log
 from torch.utils.data import DataLoader
 
+from ...sample_order.data_position import DataPosition
 from ...utils.seeding import preserved_global_rngs
-from .data_position import DataPosition
 from .resumable_batch_sampler import set_sampler_epoch
 
 

@@ -9,7 +9,7 @@ mapped to sample ids block by block, on any rank, from any starting point.
 
 Six rounds with a splitmix64 round function: four already pass the
 class-histogram chi-square test on class-sorted files, two visibly fail it
-(see tests/test_datasets/test_index_permutation.py).
+(see tests/test_sample_order/test_index_permutation.py).
 """
 import numpy as np
 

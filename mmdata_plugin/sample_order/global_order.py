@@ -3,7 +3,7 @@
 A cache planner needs ``(epoch, global position) -> sample id`` for any
 rank. The samplers' order math lives in
 :mod:`mmdata_plugin.datasets.rank_sharded_sampler` (ours) and
-:mod:`mmdata_plugin.engine.runner.index_streams` (mmengine's); the classes
+:mod:`.index_streams` (mmengine's); the classes
 here only call it, so the planner and a resumed run can never disagree.
 """
 import abc
@@ -12,9 +12,8 @@ from typing import Dict, Iterator, Optional
 import numpy as np
 import torch
 
-from ..engine.runner.index_streams import (default_sampler_epoch,
-                                           infinite_sampler_passes)
-from ..engine.runner.resumable_batch_sampler import choose_strategy
+from .index_streams import default_sampler_epoch, infinite_sampler_passes
+from .batch_order import choose_strategy
 
 
 class SampleOrder(abc.ABC):

@@ -12,14 +12,14 @@ with ``S_e`` the node's ticks in the epochs before ``e`` and ``k < E_e``
 length ``order.epoch_length(e)``; all equal for most samplers, growing for
 a growing window). Everything the node reads at tick ``K`` is
 ``order.ids(epoch, position(k))``: the sampler's own order math
-(:mod:`.sample_order`), nothing recomputed here.
+(:mod:`.global_order`), nothing recomputed here.
 """
 import bisect
 from typing import List, Optional, Tuple
 
 import numpy as np
 
-from .sample_order import SampleOrder
+from .global_order import SampleOrder
 
 #: Epochs in a row in which a node reads nothing, before a tick past them
 #: is taken for one that never comes.

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from mmdata_plugin.datasets import IndexPermutation
+from mmdata_plugin.sample_order import IndexPermutation
 
 
 @pytest.mark.parametrize('n', [0, 1, 2, 3, 4, 5, 17, 1000, 65537, 123457])

@@ -5,9 +5,9 @@ import pytest
 import torch
 from mmengine.dataset import DefaultSampler, InfiniteSampler
 
-from mmdata_plugin.engine.runner import index_streams
-from mmdata_plugin.engine.runner.index_streams import (default_sampler_stream,
-                                                       infinite_sampler_stream)
+from mmdata_plugin.sample_order import index_streams
+from mmdata_plugin.sample_order.index_streams import (default_sampler_stream,
+                                                      infinite_sampler_stream)
 
 
 def build(cls, size, rank, world_size, **kwargs):

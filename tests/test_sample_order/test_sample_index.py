@@ -2,7 +2,7 @@ import pickle
 
 from torch.utils.data import DataLoader, Dataset
 
-from mmdata_plugin.utils import SampleIndex, with_fields
+from mmdata_plugin.sample_order import SampleIndex, with_fields
 
 
 class _EchoFields(Dataset):
