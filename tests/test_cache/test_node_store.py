@@ -48,6 +48,24 @@ def _produce_keys(cache_dir, limit, keys, log_path, barrier):
             assert file.read() == _payload(key)
 
 
+def test_bytes_written_past_the_writer_are_refused(tmp_path):
+    # The writer keeps the file within its reservation by counting what it
+    # is given; bytes that reach the file another way are not accounted
+    # for, so the entry is refused rather than published.
+    store = NodeStore(str(tmp_path / 'cache'), 10_000)
+
+    def produce(writer):
+        writer.write(b'x' * 100)
+        writer._file.write(b'y' * 50)  # not through the writer
+
+    with pytest.raises(OSError, match=r'100 bytes written but 150 on disk'):
+        store.get_or_produce('remote', 'k', produce, 1000)
+    assert not osp.exists(store.entry_path('remote', 'k'))
+    assert _store_files_bytes(str(tmp_path / 'cache')) == 0
+    usage = store.usage()
+    assert usage.committed_bytes + usage.inflight_bytes == 0
+
+
 def test_parse_size():
     assert parse_size('200GB') == 200 * 10**9
     assert parse_size('500MiB') == 500 * 2**20

@@ -4,6 +4,7 @@ import json
 import multiprocessing
 import os
 
+import cv2
 import numpy as np
 import pytest
 from cached_head_fill import HEAD as FILL_HEAD
@@ -116,6 +117,25 @@ def test_source_change_is_a_miss(tmp_path):
     changed['instances'][0]['bbox'] = [1.0, 2.0, 3.0, 4.0]
     assert head(changed)['gt_bboxes'][0, 0] == pytest.approx(0.4)
     assert head.store.counters(NAMESPACE)['hits'] == 0
+
+
+def test_same_size_rewrite_with_a_new_mtime_is_a_miss(tmp_path):
+    # BMP files of one shape have one size: only the mtime tells the
+    # rewritten file from the cached one.
+    path = str(tmp_path / 'img.bmp')
+    images = [camera_like_image(64, 48, seed) for seed in (1, 2)]
+    encoded = [cv2.imencode('.bmp', image)[1].tobytes() for image in images]
+    assert len(encoded[0]) == len(encoded[1])
+    head = _head(tmp_path, transforms=HEAD[:1])
+    outputs = []
+    for mtime_ns, data in zip((10**18, 10**18 + 10**9), encoded):
+        with open(path, 'wb') as file:
+            file.write(data)
+        os.utime(path, ns=(mtime_ns, mtime_ns))
+        outputs.append(head(dict(img_path=path))['img'])
+    for output, image in zip(outputs, images):
+        np.testing.assert_array_equal(output, image)
+    assert head.counters()['hits'] == 0
 
 
 def test_inner_config_change_is_a_miss(tmp_path):
