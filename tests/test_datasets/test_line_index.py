@@ -256,15 +256,20 @@ def test_index_next_to_its_file_serves_it_at_another_mount_point(
     meta = mounted / 'meta'
     moved_ann = str(meta / 'train.txt')
     monkeypatch.setenv('MMDATA_INDEX_DIR', str(tmp_path / 'private'))
+    # Read-only as mounted (and as a non-root user sees it under root too).
+    os.chmod(meta, 0o555)
     monkeypatch.setattr(line_index_module, 'folder_writable',
                         lambda folder: folder != str(meta))
     monkeypatch.setattr(line_index_module, 'build_line_index',
                         _refuse_builds)
-    assert index_problem(moved_ann + '.idx', moved_ann, 'lines') is None
-    dataset = RankShardedDataset(ann_file=moved_ann, index_progress=False)
-    assert dataset._index.path == moved_ann + '.idx'
-    assert dataset._index.ann_file == moved_ann
-    assert dataset.get_data_info(3)['img_path'].endswith('last.jpg')
+    try:
+        assert index_problem(moved_ann + '.idx', moved_ann, 'lines') is None
+        dataset = RankShardedDataset(ann_file=moved_ann, index_progress=False)
+        assert dataset._index.path == moved_ann + '.idx'
+        assert dataset._index.ann_file == moved_ann
+        assert dataset.get_data_info(3)['img_path'].endswith('last.jpg')
+    finally:
+        os.chmod(meta, 0o755)
     assert not (tmp_path / 'private').exists()
 
 
