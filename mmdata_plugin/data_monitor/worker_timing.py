@@ -24,7 +24,8 @@ every batch: its start, end, CPU time and samples, taken once per batch
 costs nothing per sample. K is chosen after each timed batch from its CPU
 time, samples and how many regions it timed (:func:`sampling_interval`), so
 that timing costs, amortised, at most :data:`TARGET_OVERHEAD` of the
-worker's CPU time and :data:`SAMPLE_BUDGET` per sample, whichever is less:
+worker's CPU time and :data:`SAMPLE_BUDGET` per sample, whichever is less
+(reached by doubling K from one timed batch to the next):
 the benchmark's 64x64 JPEGs (4 regions, batch 32) are timed about one
 batch in 40, the demo's samples (5 regions, batch 16) one in 50, and
 20-region detection samples one in 200. No random number is drawn: the
@@ -206,15 +207,19 @@ class BatchAccumulator:
         The timing cost is CPU work, so it is weighed against the batch's
         CPU time: wall time would shrink K when other jobs slow the worker
         down, and a batch that waits for files gains nothing from timing
-        more often.
+        more often. K at most doubles from one timed batch to the next, so
+        that a short run (or the first log intervals after the warm-up)
+        still gets timed batches; over a run that costs about log2(K)
+        timed batches more.
         """
         if self.timing:
             fixed = self.plans[-1].sample_every  # the newest monitor's
             if fixed is not None:
                 self.every = fixed
             elif self.batches >= FULL_BATCHES - 1:
-                self.every = sampling_interval(self.regions, self.samples,
-                                               batch_cpu)
+                self.every = min(
+                    2 * self.every,
+                    sampling_interval(self.regions, self.samples, batch_cpu))
             self.countdown = self.every
         self.batches += 1
         self.countdown -= 1

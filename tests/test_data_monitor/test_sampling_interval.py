@@ -11,15 +11,26 @@ from mmdata_plugin.data_monitor.worker_timing import (FULL_BATCHES,
                                                       TimingPlan)
 
 
-def chosen_every(regions_per_sample, sample_cpu, batch_size):
-    """K after a timed batch, as a worker's accumulator chooses it."""
+def timed_batches(regions_per_sample, sample_cpu, batch_size, batches):
+    """The batches a worker's accumulator times (numbered from 1), and its
+    K at the end."""
     acc = BatchAccumulator()
     acc.plans.append(TimingPlan())
-    acc.batches = FULL_BATCHES - 1
-    acc.samples = batch_size
-    acc.regions = regions_per_sample * batch_size + 1  # + the fetch
-    acc._schedule(sample_cpu * batch_size)
-    return acc.every
+    timed = []
+    for batch in range(1, batches + 1):
+        if acc.timing:
+            timed.append(batch)
+        acc.samples = batch_size
+        acc.regions = (regions_per_sample * batch_size + 1  # + the fetch
+                       if acc.timing else 0)
+        acc._schedule(sample_cpu * batch_size)
+    return timed, acc.every
+
+
+def chosen_every(regions_per_sample, sample_cpu, batch_size):
+    """K once the sampling has settled."""
+    return timed_batches(regions_per_sample, sample_cpu, batch_size,
+                         4 * MAX_EVERY)[1]
 
 
 @pytest.mark.parametrize('regions_per_sample,sample_cpu,batch_size', [
@@ -42,3 +53,11 @@ def test_a_heavy_sample_is_not_timed_at_every_batch():
     # 0.2% of a 20 ms sample is 40 us: a share alone would time every batch
     # and spend ~50 us per sample on it.
     assert chosen_every(20, 20e-3, 2) > 100
+
+
+def test_a_short_run_still_gets_timed_batches_after_the_first_ones():
+    # K ramps up (doubling) instead of jumping to its target: a 24-step
+    # run whose first 10 steps are a warm-up still has timed steps.
+    timed, _ = timed_batches(4, 1e-3, 4, 24)
+    assert timed[:FULL_BATCHES] == list(range(1, FULL_BATCHES + 1))
+    assert [batch for batch in timed if batch > 10] == [14, 22]
