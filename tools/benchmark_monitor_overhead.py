@@ -274,12 +274,14 @@ def in_process(build: Callable[[int], DataLoader], args) -> dict:
         costs = [per_sample['monitored'] - per_sample['plain']
                  for per_sample in rounds]
         recorded = record_batches(monitor, iterators['monitored'], batches)
+        every = ACCUMULATOR.every  # this process loads: its K
     finally:
         monitor.uninstall()
     return dict(
         plain=statistics.median(plain),
         cost=statistics.median(costs),
-        records=recorded)
+        records=recorded,
+        every=every)
 
 
 def cpu_rounds(iterators: Dict[str, Iterator], rounds: int,
@@ -315,47 +317,66 @@ def record_batches(monitor: DataLoaderMonitor, iterator: Iterator,
 
 def fetch_paths(build: Callable[[int], DataLoader],
                 rounds: int) -> Dict[str, float]:
-    """CPU seconds of a batch's fetch per sample: plain, in an untimed
-    batch (the sampled monitor's usual path) and in a timed batch (medians
-    of alternating passes over the same indices, in the loader's batches
-    as torch's fetcher asks for them)."""
+    """CPU seconds of a batch's fetch per sample: plain, and what an
+    untimed batch (the sampled monitor's usual path) and a timed batch add.
+
+    Each batch of indices (the loader's batch size, as torch's fetcher asks
+    for them) is fetched the three ways one after the other, in an order
+    that rotates from batch to batch; the additions are the medians of the
+    per-batch differences: a paired measurement, which other jobs on the
+    machine disturb far less than separate passes.
+    """
     loader = build(0)
     dataset = loader.dataset
-    instrumentation = LoaderInstrumentation(loader)
     size, batch_size = len(dataset), loader.batch_size
-    batches = max(1, 160 // batch_size)
+    batches = rounds * max(1, 160 // batch_size)
+    instrumentation = LoaderInstrumentation(loader)
+    instrumentation.install()
+    plan = instrumentation.plan
+    timed_class = type(dataset)
+    base = timed_class._dm_base
 
-    def per_sample(start: int, monitored: bool) -> float:
-        getitems = getattr(dataset, '__getitems__', None)
+    def fetch(path: str, indices: List[int]) -> float:
+        ACCUMULATOR.timing = path == 'timed'
+        plan.apply(ACCUMULATOR.timing)
         began = time.process_time()
-        for first in range(start, start + batches * batch_size, batch_size):
-            indices = [i % size for i in range(first, first + batch_size)]
-            if getitems:
-                getitems(indices)
-            else:
-                [dataset[i] for i in indices]
-            if monitored:
-                ACCUMULATOR.reset()  # what the collate wrapper does
-        return (time.process_time() - began) / (batches * batch_size)
+        if path == 'plain':
+            object.__setattr__(dataset, '__class__', base)
+            try:  # what torch's fetcher does
+                getitems = getattr(dataset, '__getitems__', None)
+                getitems(indices) if getitems else [
+                    dataset[i] for i in indices
+                ]
+            finally:
+                object.__setattr__(dataset, '__class__', timed_class)
+        else:
+            dataset.__getitems__(indices)
+        spent = time.process_time() - began
+        ACCUMULATOR.reset()  # what the collate wrapper does
+        return spent / len(indices)
 
     times: Dict[str, List[float]] = {m: [] for m in FETCH_PATHS}
-    for round_index in range(rounds):
-        start = round_index * batches * batch_size
-        per_sample(start, False)  # caches filled for all three passes
-        times['plain'].append(per_sample(start, False))
-        instrumentation.install()
-        try:
-            plan = instrumentation.plan
-            ACCUMULATOR.register(plan)
-            for timed in (False, True):
-                ACCUMULATOR.timing = timed
-                plan.apply(timed)
-                times['timed' if timed else 'untimed'].append(
-                    per_sample(start, True))
-        finally:
-            ACCUMULATOR.reset()
-            instrumentation.uninstall()
-    return {m: statistics.median(times[m]) for m in FETCH_PATHS}
+    try:
+        ACCUMULATOR.register(plan)
+        for batch in range(-1, batches):  # batch -1 warms the caches up
+            first = max(batch, 0) * batch_size
+            indices = [i % size for i in range(first, first + batch_size)]
+            shift = batch % len(FETCH_PATHS)
+            for path in FETCH_PATHS[shift:] + FETCH_PATHS[:shift]:
+                spent = fetch(path, indices)
+                if batch >= 0:
+                    times[path].append(spent)
+    finally:
+        ACCUMULATOR.reset()
+        instrumentation.uninstall()
+    plain = statistics.median(times['plain'])
+    return dict(
+        plain=plain,
+        **{
+            path: plain + statistics.median(
+                t - p for t, p in zip(times[path], times['plain']))
+            for path in FETCH_PATHS[1:]
+        })
 
 
 class Indices:
@@ -457,11 +478,19 @@ def measure(name: str, build: Callable[[int], DataLoader], args) -> dict:
               f"timed batch {1e6 * (paths['timed'] - paths['plain']):+.2f}"
               ' us')
         costs = in_process(build, args)
+        # What the per-sample instrumentation costs over a run: one batch
+        # in K is timed.
+        amortised = paths['untimed'] + (paths['timed'] -
+                                        paths['untimed']) / costs['every']
+        print(f"  instrumentation per sample, amortised (K={costs['every']}"
+              f'): {1e6 * (amortised - paths["plain"]):+.2f} us')
         floor = per_batch_floor(probe.batch_size, args.process_rounds)
         print(f'  monitor per batch of zero-cost samples: {1e6 * floor:.2f} '
               f'us CPU ({1e6 * floor / probe.batch_size:.2f} us per sample '
               f'at batch {probe.batch_size})')
         row.update(
+            every=costs['every'],
+            amortised_us=1e6 * (amortised - paths['plain']),
             floor_us=1e6 * floor / probe.batch_size,
             sample_us=1e6 * costs['plain'],
             cost_us=1e6 * costs['cost'],
@@ -478,6 +507,7 @@ def main():
     rows = [measure(case, builders[case], args) for case in args.cases]
     print('\ncase   throughput ratio (IQR)       CPU ratio  '
           'sample (one process)  monitor per sample    '
+          'instrumentation, amortised (K)  '
           'zero-cost samples  per step (training process)')
     for row in rows:
         cpu = f"{row['cpu']:.3f}" if row['cpu'] is not None else '-'
@@ -487,13 +517,16 @@ def main():
             line += (f"    {row['sample_us']:>9.1f} us        "
                      f"{row['cost_us']:>5.2f} us = "
                      f"{100 * row['cost_share']:5.2f}%   "
-                     f"{row['floor_us']:>6.2f} us        "
+                     f"{row['amortised_us']:>+6.2f} us (K={row['every']:<3}) "
+                     f"              {row['floor_us']:>6.2f} us        "
                      f"{row['step_us']:>6.1f} us CPU")
         print(line)
     print('Medians over interleaved rounds: other jobs on the machine hit '
           'plain and monitored alike. Throughput: samples/s per round, IQR '
           'of the rounds; monitor per sample: CPU time in one process, '
-          'median of the rounds\' differences; zero-cost samples: the same '
+          'median of the rounds\' differences; instrumentation, amortised: '
+          'the batch fetch\'s untimed cost plus its timed one over K; '
+          'zero-cost samples: the same '
           'on a dataset whose samples are their index (the monitor\'s own '
           'code with warm CPU caches).')
 

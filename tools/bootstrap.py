@@ -9,7 +9,8 @@
 # choose a torch build: an unpinned torch pulls gigabytes of CUDA packages,
 # so torch==2.13.0 is installed only when no usable torch is present. It
 # installs mmcv-lite only when no `mmcv` module exists, so a user's full mmcv
-# (with compiled ops) is never replaced.
+# (with compiled ops) is never replaced. Where pkg_resources is missing
+# (setuptools >= 81) it says what configs/downstream/ need.
 import argparse
 import importlib.metadata
 import importlib.util
@@ -53,6 +54,16 @@ def ensure_mmcv():
     pip_install(MMCV_LITE_PIN)
 
 
+def pkg_resources_note():
+    """What to install for configs that inherit a codebase's config by its
+    scoped name, when this Python cannot import pkg_resources; else None."""
+    if importlib.util.find_spec('pkg_resources') is not None:
+        return None
+    # installed by now: the message the tools give for the same reason
+    from mmdata_plugin.utils.tool_config import PKG_RESOURCES_HINT
+    return f'note: no pkg_resources here. {PKG_RESOURCES_HINT}.'
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument(
@@ -64,6 +75,9 @@ def main():
     ensure_mmcv()
     target = ROOT + (f'[{args.extras}]' if args.extras else '')
     pip_install(target)
+    note = pkg_resources_note()
+    if note:
+        print(note)
 
 
 if __name__ == '__main__':

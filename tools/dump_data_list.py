@@ -8,6 +8,10 @@ import sys
 
 from mmengine.registry import DATASETS
 
+from mmdata_plugin.datasets.coco_annotations import (coco_files,
+                                                     dropped_annotations,
+                                                     format_dropped,
+                                                     missing_key)
 from mmdata_plugin.datasets.data_list_dump import (NotPlainRecordError,
                                                    config_path_text,
                                                    dump_data_list,
@@ -57,11 +61,25 @@ def dataset_config_at(dataloader_cfg, path):
     return config
 
 
+def build_dataset(args, dataset_cfg):
+    """The dataset; a COCO file's record without a key the dataset reads
+    is named (pycocotools' bare KeyError names nothing)."""
+    try:
+        return DATASETS.build(dataset_cfg)
+    except KeyError:
+        problem = next(filter(None, map(missing_key, coco_files(dataset_cfg))),
+                       None)
+        if problem is None:
+            raise
+        sys.exit(f'{args.config}: {args.split}_dataloader.dataset cannot be '
+                 f'built: {problem}')
+
+
 def main():
     args = parse_args()
     cfg, dataloader_cfg = load_dataloader_config(args.config, args.split,
                                                  args.cfg_options)
-    wrapper = DATASETS.build(dataloader_cfg.dataset)
+    wrapper = build_dataset(args, dataloader_cfg.dataset)
     try:
         dataset, path = source_dataset(wrapper, args.part)
         dataset_cfg = dataset_config_at(dataloader_cfg, path)
@@ -90,6 +108,10 @@ def main():
         } | dict(index_progress=False))
         checks = check_dump(dataset, sharded, args.check, args.seed)
         print(format_check(checks))
+        for path in coco_files(dataset_cfg):
+            report = dropped_annotations(path)
+            if report is not None:
+                print(format_dropped(report))
         if any(check.differences for check in checks):
             sys.exit(1)
 

@@ -14,12 +14,16 @@ import mmdata_plugin  # noqa: F401  (registers components, safe ckpt loading)
 from mmdata_plugin.engine import apply_data_monitor_env
 from mmdata_plugin.utils import (find_resumable_checkpoint,
                                  prepare_distributed, trust_checkpoint)
+from mmdata_plugin.utils.tool_config import load_config
 
 
 def parse_args():
     parser = argparse.ArgumentParser(
         description='Train a model with mmengine and mmdata_plugin')
-    parser.add_argument('config', help='train config file path')
+    parser.add_argument(
+        'config',
+        help='train config file path, or a codebase\'s config by its scoped '
+        'name (mmdet::mask_rcnn/mask-rcnn_r50_fpn_1x_coco.py)')
     parser.add_argument(
         '--work-dir', help='the dir to save logs and checkpoints')
     parser.add_argument(
@@ -136,7 +140,7 @@ def main():
     args = parse_args()
     for path in args.trust_checkpoint:
         trust_checkpoint(path)
-    cfg = merge_args(Config.fromfile(args.config), args)
+    cfg = merge_args(load_config(args.config), args)
     resume_messages = choose_auto_resume(cfg) if args.resume == 'auto' else []
     apply_data_monitor_env(cfg)
     prepare_distributed(cfg, args.launcher)

@@ -6,7 +6,13 @@
 _base_ = 'mmpretrain::resnet/resnet50_8xb32_in1k.py'
 custom_imports = dict(imports=['mmdata_plugin'], allow_failed_imports=False)
 
-train_cfg = dict(type='FastResumeEpochBasedTrainLoop')
+# mmpretrain's schedule says `by_epoch=True`, which mmengine refuses next to
+# a loop `type`: replace it, restating the schedule's epochs.
+train_cfg = dict(
+    _delete_=True,
+    type='FastResumeEpochBasedTrainLoop',
+    max_epochs=100,
+    val_interval=1)
 
 # Each batch crosses from the workers as one shared-memory block, pinned
 # once and copied to the GPU one step ahead by DeviceFeedHook

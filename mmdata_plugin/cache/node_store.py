@@ -78,7 +78,7 @@ import os
 import re
 import time
 import uuid
-from typing import (BinaryIO, Callable, Dict, Iterable, Iterator, List,
+from typing import (Any, BinaryIO, Callable, Dict, Iterable, Iterator, List,
                     NamedTuple, Optional, Sequence, Tuple, Union)
 
 from .process_owner import (current_owner, owner_file_name,
@@ -350,8 +350,20 @@ class NodeStore:
         self._counters.add(namespace, 'misses')
         return None
 
-    def read_bytes(self, namespace: str, key: str) -> Optional[bytes]:
-        """The entry's bytes, else None (counts a hit or a miss)."""
+    def read_bytes(self,
+                   namespace: str,
+                   key: str,
+                   decode: Optional[Callable[[bytes], Any]] = None) -> Any:
+        """The entry's bytes, else None (counts a hit or a miss).
+
+        Args:
+            namespace (str): Entry namespace.
+            key (str): Entry key.
+            decode (callable, optional): Turns the bytes into what is
+                returned. A ``ValueError`` from it means the entry is
+                damaged: it is evicted (so that the caller's next publish
+                replaces it) and the read counts as the miss it was.
+        """
         digest = self._digest(namespace, key)
         try:
             with open(self._entry_path(namespace, digest), 'rb') as file:
@@ -359,6 +371,13 @@ class NodeStore:
         except FileNotFoundError:
             self._counters.add(namespace, 'misses')
             return None
+        if decode is not None:
+            try:
+                data = decode(data)
+            except ValueError:
+                self.evict(namespace, key)
+                self._counters.add(namespace, 'misses')
+                return None
         self._hit(namespace, digest)
         return data
 

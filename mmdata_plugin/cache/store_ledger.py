@@ -36,6 +36,12 @@ from typing import Dict, Iterator, List, NamedTuple, Optional
 _LEDGERS: 'weakref.WeakSet[StoreLedger]' = weakref.WeakSet()
 _INHERITED: list = []
 _FORK_LOCK_SECONDS = 60
+#: What the WAL is cut back to once a checkpoint has emptied it. SQLite's
+#: checkpoint every 1000 pages keeps it at about 4 MB, but a reader holding
+#: a snapshot during a burst of writes lets it grow, and SQLite reuses a WAL
+#: file without shrinking it: without the limit the ledger keeps that size
+#: outside ``cache_limit`` for good.
+WAL_SIZE_LIMIT = 4 << 20
 _HELD_AT_FORK: list = []
 
 
@@ -150,6 +156,7 @@ class StoreLedger:
             except sqlite3.OperationalError:  # another process converts it
                 time.sleep(0.05 * (attempt + 1))
         connection.execute('PRAGMA synchronous=NORMAL')
+        connection.execute(f'PRAGMA journal_size_limit={WAL_SIZE_LIMIT}')
         with self._begin(connection):
             for statement in _SCHEMA.split(';'):
                 if statement.strip():

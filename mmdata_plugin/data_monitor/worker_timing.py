@@ -21,11 +21,15 @@ others run the original, unwrapped transforms (a :class:`TimingPlan` swaps
 the pipeline lists at batch boundaries) and record only what is exact for
 every batch: its start, end, CPU time and samples, taken once per batch
 (the timed dataset's ``__getitems__``, the collate), so an untimed batch
-costs nothing per sample. K is chosen after each
-timed batch from its CPU time and how many regions it timed, so that timing
-stays under :data:`TARGET_OVERHEAD` of the worker's CPU time: heavy samples
-are all timed, 100 us samples about one batch in 30. No random
-number is drawn: the choice is a countdown.
+costs nothing per sample. K is chosen after each timed batch from its CPU
+time, samples and how many regions it timed (:func:`sampling_interval`), so
+that timing costs, amortised, at most :data:`TARGET_OVERHEAD` of the
+worker's CPU time and :data:`SAMPLE_BUDGET` per sample, whichever is less
+(reached by doubling K from one timed batch to the next):
+the benchmark's 64x64 JPEGs (4 regions, batch 32) are timed about one
+batch in 40, the demo's samples (5 regions, batch 16) one in 50, and
+20-region detection samples one in 200. No random number is drawn: the
+choice is a countdown.
 """
 import math
 import os
@@ -50,14 +54,19 @@ COLLATE = 'collate'
 
 #: Measured cost of one timed region inside a real pipeline (two clock
 #: reads, the stack and a dict update, plus the cache misses they cause
-#: between decodes); tools/benchmark_monitor_overhead.py measures it.
-REGION_COST = 2e-6
-#: Share of worker time that timing may cost: K is chosen to stay below it.
+#: between decodes: 2.3-2.5 us per region of the benchmark's cheap and demo
+#: pipelines); tools/benchmark_monitor_overhead.py measures it.
+REGION_COST = 2.5e-6
+#: What timing may cost, amortised over the batches, whichever is less: a
+#: share of the worker's CPU time, and seconds per sample (a heavy sample
+#: would otherwise be timed at every batch: cheap in share, not in time).
 TARGET_OVERHEAD = 0.002
+SAMPLE_BUDGET = 0.25e-6
 #: Batches of each process timed in full before sampling starts (they also
-#: measure the cost K is chosen from), and the largest K.
+#: measure the cost K is chosen from), and the largest K: enough for 25
+#: timed regions per sample (nested wrappers, probes) within the budget.
 FULL_BATCHES = 8
-MAX_EVERY = 32
+MAX_EVERY = 256
 
 
 class TimingPlan:
@@ -199,19 +208,19 @@ class BatchAccumulator:
         The timing cost is CPU work, so it is weighed against the batch's
         CPU time: wall time would shrink K when other jobs slow the worker
         down, and a batch that waits for files gains nothing from timing
-        more often.
+        more often. K at most doubles from one timed batch to the next, so
+        that a short run (or the first log intervals after the warm-up)
+        still gets timed batches; over a run that costs about log2(K)
+        timed batches more.
         """
         if self.timing:
             fixed = self.plans[-1].sample_every  # the newest monitor's
             if fixed is not None:
                 self.every = fixed
             elif self.batches >= FULL_BATCHES - 1:
-                cost = (self.regions + 1) * REGION_COST
                 self.every = min(
-                    MAX_EVERY,
-                    max(1, math.ceil(cost /
-                                     (TARGET_OVERHEAD * max(batch_cpu,
-                                                            1e-9)))))
+                    2 * self.every,
+                    sampling_interval(self.regions, self.samples, batch_cpu))
             self.countdown = self.every
         self.batches += 1
         self.countdown -= 1
@@ -220,6 +229,15 @@ class BatchAccumulator:
             self.timing = timing
             for plan in self.plans:
                 plan.apply(timing)
+
+
+def sampling_interval(regions: int, samples: int, batch_cpu: float) -> int:
+    """K: time one batch in K so that timing ``regions`` regions (and the
+    batch's record) costs at most :data:`TARGET_OVERHEAD` of ``batch_cpu``
+    and :data:`SAMPLE_BUDGET` per sample, amortised."""
+    cost = (regions + 1) * REGION_COST
+    budget = min(TARGET_OVERHEAD * batch_cpu, SAMPLE_BUDGET * samples)
+    return min(MAX_EVERY, max(1, math.ceil(cost / max(budget, 1e-12))))
 
 
 #: The accumulator of this process (each DataLoader worker has its own copy).

@@ -171,13 +171,16 @@ class LineIndex:
 
     Args:
         path (str): The index file.
+        ann_file (str, optional): The annotation file as this process sees
+            it (default: the path recorded when the index was built; a
+            shared folder may be mounted elsewhere now).
     """
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, ann_file: Optional[str] = None):
         self.path = path
         with open(path, 'rb') as file:
             self.header = _read_header(file, path)
-        self.ann_file = self.header['ann_file']
+        self.ann_file = ann_file or self.header['ann_file']
         self.num_samples = self.header['num_samples']
         self._data_start = self.header.get('data_start', 0)
         self._size = self.header['fingerprint']['size']
@@ -360,9 +363,8 @@ def index_problem(index_path: str, ann_file: str, fmt: str) -> Optional[str]:
             header = _read_header(file, index_path)
     except (StaleIndexError, ValueError) as error:
         return str(error)
-    if header['ann_file'] != osp.realpath(ann_file):
-        return (f'it indexes {header["ann_file"]}, not '
-                f'{osp.realpath(ann_file)}')
+    # Judged by the file's identity, not the path recorded at build time: a
+    # shared folder is mounted at other paths on other machines.
     if header['format'] != fmt:
         return f'it was built for format {header["format"]!r}, not {fmt!r}'
     if header.get('data_start', 0) != data_start(ann_file):
@@ -426,7 +428,7 @@ def ensure_line_index(ann_file: str,
             # every start would not be free).
             _remove_abandoned_builds(index_path)
             build_line_index(ann_file, index_path, fmt, progress)
-    return LineIndex(index_path)
+    return LineIndex(index_path, ann_file)
 
 
 def _remove_abandoned_builds(index_path: str) -> None:

@@ -12,8 +12,8 @@ import numpy as np
 from mmcv.transforms import BaseTransform, Compose
 from mmengine.registry import TRANSFORMS
 
-from ..cache.head_entry_format import (CODECS, HeadEntryError,
-                                       decode_head_entry, encode_head_entry)
+from ..cache.head_entry_format import (CODECS, decode_head_entry,
+                                       encode_head_entry)
 from ..cache.node_store import NodeStore, default_cache_dir
 from .decode_target import transform_type
 
@@ -253,12 +253,11 @@ class CachedPipelineHead(BaseTransform):
 
     def transform(self, results: dict) -> Optional[dict]:
         key = self.sample_key(results)
-        data = self.store.read_bytes(NAMESPACE, key)
-        if data is not None:
-            try:
-                return _apply(decode_head_entry(data), results)
-            except HeadEntryError:
-                self.store.evict(NAMESPACE, key)  # damaged: produce again
+        # A damaged entry is evicted and comes back as None: produced again
+        # below, it is replaced.
+        entry = self.store.read_bytes(NAMESPACE, key, decode_head_entry)
+        if entry is not None:
+            return _apply(entry, results)
         before = dict(results)
         # A transform may change an input in place (mmseg's LoadAnnotations
         # appends to seg_fields): those keys changed too.

@@ -2,6 +2,8 @@
 DataLoader without a model (``tools/benchmark_dataloader.py``,
 ``tools/compare_decoders.py``)."""
 import argparse
+import importlib.metadata
+import importlib.util
 import os.path as osp
 from typing import Optional, Tuple
 
@@ -9,6 +11,11 @@ from mmengine.config import Config, ConfigDict, DictAction
 from mmengine.registry import init_default_scope
 
 SPLITS = ('train', 'val', 'test')
+#: What a user whose environment lacks ``pkg_resources`` must install.
+PKG_RESOURCES_HINT = (
+    "mmengine 0.10 resolves `_base_ = 'PKG::...'` (configs/downstream/) "
+    'with pkg_resources, which setuptools 81 removed: pip install '
+    "'setuptools>=77,<81' (this package's `mim` extra pins it)")
 
 
 def add_dataloader_arguments(parser: argparse.ArgumentParser) -> None:
@@ -38,7 +45,7 @@ def load_dataloader_config(
     Raises:
         SystemExit: If the config has no such dataloader (names both).
     """
-    cfg = Config.fromfile(resolve_config_path(path))
+    cfg = load_config(path)
     if cfg_options:
         cfg.merge_from_dict(cfg_options)
     if cfg.get('default_scope'):
@@ -49,23 +56,57 @@ def load_dataloader_config(
     return cfg, cfg[key]
 
 
-def resolve_config_path(path: str) -> str:
-    """The file of a config named like a ``_base_`` entry of another
-    codebase (``mmdet::mask_rcnn/mask-rcnn_r50_fpn_1x_coco.py``).
-
-    ``Config.fromfile`` resolves that syntax only inside ``_base_``.
-    mmengine's public ``get_config`` would pip-install a missing package, so
-    its two path helpers are used instead (private; only here).
+def load_config(path: str) -> Config:
+    """``Config.fromfile`` of a file or a codebase's scoped config name.
 
     Raises:
-        SystemExit: If the codebase is not installed (names it).
+        SystemExit: If the config inherits a scoped name and mmengine cannot
+            resolve it for want of ``pkg_resources`` (says what to install).
+    """
+    try:
+        return Config.fromfile(resolve_config_path(path))
+    except ModuleNotFoundError as error:
+        if error.name != 'pkg_resources':
+            raise
+        raise SystemExit(f'{path}: {PKG_RESOURCES_HINT}') from None
+
+
+def resolve_config_path(path: str) -> str:
+    """The file of a config named like a ``_base_`` entry of another
+    codebase (``mmdet::mask_rcnn/mask-rcnn_r50_fpn_1x_coco.py``): the
+    codebase's ``.mim/configs`` folder, found with ``importlib.metadata``
+    (mmengine's helpers need ``pkg_resources``, gone from setuptools 81).
+
+    ``Config.fromfile`` resolves that syntax only inside ``_base_``, and
+    mmengine's public ``get_config`` would pip-install a missing package.
+
+    Raises:
+        SystemExit: If the codebase is not installed or has no such config
+            (names both).
     """
     if '::' not in path or osp.isfile(path):
         return path
-    from mmengine.config.utils import (_get_external_cfg_base_path,
-                                       _get_package_and_cfg_path)
-    from mmengine.utils import get_installed_path, is_installed
+    from mmengine.config.utils import _get_package_and_cfg_path
     package, relative = _get_package_and_cfg_path(path)
-    if not is_installed(package):
+    folder = _module_folder(package, path.split('::')[0])
+    if folder is None:
         raise SystemExit(f'{path}: the package {package} is not installed')
-    return _get_external_cfg_base_path(get_installed_path(package), relative)
+    config = osp.join(folder, '.mim', 'configs', relative)
+    if not osp.isfile(config):
+        raise SystemExit(f'{path}: {package} has no such config ({config})')
+    return config
+
+
+def _module_folder(package: str, module: str) -> Optional[str]:
+    """The folder of ``module`` of the distribution ``package``, else
+    None."""
+    try:
+        folder = str(
+            importlib.metadata.distribution(package).locate_file(module))
+        if osp.isdir(folder):
+            return folder
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    # editable installs and PYTHONPATH: no distribution file next to it
+    spec = importlib.util.find_spec(module)
+    return osp.dirname(spec.origin) if spec and spec.origin else None

@@ -48,6 +48,47 @@ def _produce_keys(cache_dir, limit, keys, log_path, barrier):
             assert file.read() == _payload(key)
 
 
+def test_bytes_written_past_the_writer_are_refused(tmp_path):
+    # The writer keeps the file within its reservation by counting what it
+    # is given; bytes that reach the file another way are not accounted
+    # for, so the entry is refused rather than published.
+    store = NodeStore(str(tmp_path / 'cache'), 10_000)
+
+    def produce(writer):
+        writer.write(b'x' * 100)
+        writer._file.write(b'y' * 50)  # not through the writer
+
+    with pytest.raises(OSError, match=r'100 bytes written but 150 on disk'):
+        store.get_or_produce('remote', 'k', produce, 1000)
+    assert not osp.exists(store.entry_path('remote', 'k'))
+    assert _store_files_bytes(str(tmp_path / 'cache')) == 0
+    usage = store.usage()
+    assert usage.committed_bytes + usage.inflight_bytes == 0
+
+
+def test_ledger_wal_shrinks_back_after_a_burst(tmp_path):
+    # The ledger lives beside the entries, outside cache_limit: its WAL must
+    # come back to its documented bound once a reader that held it open
+    # (so that no checkpoint could empty it) is done.
+    from mmdata_plugin.cache.store_ledger import WAL_SIZE_LIMIT
+    cache_dir = str(tmp_path / 'cache')
+    store = NodeStore(cache_dir, 10**9)
+    store.publish_bytes('remote', 'first', b'x')
+    wal = osp.join(cache_dir, 'ledger.sqlite-wal')
+    reader = sqlite3.connect(osp.join(cache_dir, 'ledger.sqlite'))
+    reader.execute('BEGIN')
+    reader.execute('SELECT count(*) FROM entries').fetchall()
+    key = 'k' * 2000  # large rows: a short burst outgrows the bound
+    for index in range(1500):
+        store.publish_bytes('remote', f'{key}{index}', b'x')
+    assert os.path.getsize(wal) > 2 * WAL_SIZE_LIMIT
+    reader.execute('COMMIT')
+    reader.close()
+    for index in range(1500):
+        store.publish_bytes('remote', f'after{index}', b'x')
+    assert os.path.getsize(wal) <= WAL_SIZE_LIMIT
+
+
 def test_parse_size():
     assert parse_size('200GB') == 200 * 10**9
     assert parse_size('500MiB') == 500 * 2**20

@@ -73,8 +73,9 @@ def test_truncated_or_foreign_index_is_rebuilt(tmp_path):
         f.truncate(os.path.getsize(index.path) - 8)
     assert 'truncated' in index_problem(index.path, ann, 'lines')
     assert ensure_line_index(ann, index.path, 'lines').num_samples == 4
-    other = _write(tmp_path / 'other.txt', LINES)
-    assert 'it indexes' in index_problem(index.path, other, 'lines')
+    other = _write(tmp_path / 'other.txt', LINES + b'\nmore.jpg 5')
+    assert 'the annotation file changed' in index_problem(
+        index.path, other, 'lines')
     _write(tmp_path / 'ann.txt.idx', b'junk')
     assert 'not a line index' in index_problem(index.path, ann, 'lines')
     # Our magic, a header of another version or shape (another tool's).
@@ -236,6 +237,40 @@ def test_valid_index_in_a_read_only_folder_is_used(tmp_path, monkeypatch):
         assert not private.exists()
     finally:
         os.chmod(shared, 0o755)
+
+
+def test_index_next_to_its_file_serves_it_at_another_mount_point(
+        tmp_path, monkeypatch):
+    # NFS shares and bind mounts show one folder at other paths on other
+    # machines: the index built beside the file at the admin's path is
+    # judged by the file's identity, not by the path it recorded.
+    import shutil
+    admin = tmp_path / 'admin' / 'data'
+    (admin / 'meta').mkdir(parents=True)
+    ann = _write(admin / 'meta' / 'train.txt', LINES)
+    build_line_index(ann, ann + '.idx', 'lines', progress=False)
+    # copytree keeps the mtimes, as a second mount of the folder shows them.
+    mounted = tmp_path / 'mnt' / 'data'
+    shutil.copytree(admin, mounted)
+    shutil.rmtree(admin)  # the admin's path does not exist on this machine
+    meta = mounted / 'meta'
+    moved_ann = str(meta / 'train.txt')
+    monkeypatch.setenv('MMDATA_INDEX_DIR', str(tmp_path / 'private'))
+    # Read-only as mounted (and as a non-root user sees it under root too).
+    os.chmod(meta, 0o555)
+    monkeypatch.setattr(line_index_module, 'folder_writable',
+                        lambda folder: folder != str(meta))
+    monkeypatch.setattr(line_index_module, 'build_line_index',
+                        _refuse_builds)
+    try:
+        assert index_problem(moved_ann + '.idx', moved_ann, 'lines') is None
+        dataset = RankShardedDataset(ann_file=moved_ann, index_progress=False)
+        assert dataset._index.path == moved_ann + '.idx'
+        assert dataset._index.ann_file == moved_ann
+        assert dataset.get_data_info(3)['img_path'].endswith('last.jpg')
+    finally:
+        os.chmod(meta, 0o755)
+    assert not (tmp_path / 'private').exists()
 
 
 def test_stale_index_in_a_read_only_folder_is_rebuilt_privately(

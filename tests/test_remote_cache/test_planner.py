@@ -89,6 +89,15 @@ def test_belady_matches_brute_force_on_epoch_permutations(seed):
         assert hits >= results['fixed_set'].hits >= results['lru'].hits
 
 
+def test_kept_samples_are_listed_needed_furthest_ahead_first():
+    # The store's eviction under a plan takes them in this order: the
+    # sample needed soonest must be the last to go.
+    cache = BeladyCache(100)
+    for sample, until in ((7, 40), (3, 90), (5, 12), (9, 65)):
+        cache.keep(sample, until, 1)
+    assert cache.kept_by_next_use() == [3, 9, 7, 5]
+
+
 def test_byte_budget_is_never_exceeded_and_bypass_keeps_nothing_late():
     rng = np.random.default_rng(3)
     trace = rng.integers(0, 40, 400)

@@ -139,6 +139,27 @@ def test_samples_sharing_a_file_or_reading_none(tmp_path):
     assert prefetcher.store.counters()[READS]['misses'] == 0
 
 
+def test_kept_files_are_evicted_needed_furthest_ahead_first(tmp_path):
+    # Belady: when a download needs room, the kept sample read last goes
+    # first; taking the one needed soonest would cost a download within
+    # the next ticks.
+    prefetcher, writer, urls, cache_dir, limit = build(tmp_path)
+    consume(prefetcher, writer, urls, cache_dir, limit, 0,
+            prefetcher.stop // 2)
+    prefetcher.close()
+    cache = prefetcher.planner.cache
+    next_read = {
+        url: cache.until[sample]
+        for sample in cache.until for url in prefetcher._urls[sample]
+    }
+    order = [
+        next_read[url] for _, url in prefetcher.victims()
+        if url in next_read
+    ]
+    assert len(order) > 1
+    assert order == sorted(order, reverse=True)
+
+
 def test_a_shared_file_stays_staged_for_its_other_reader(tmp_path):
     files = make_source(str(tmp_path / 'remote'), 1)
 

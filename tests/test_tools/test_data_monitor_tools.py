@@ -52,12 +52,17 @@ def test_overhead_benchmark_prints_the_median_ratio(demo_root, train_env):
     assert len(re.findall(r'^  \d+ batches per chunk; timed batches: ', out,
                           re.M)) == 2
     assert out.count('batch fetch per sample, CPU: plain') == 2
+    # The per-sample instrumentation over a run (one batch in K timed),
+    # the demo config's too.
+    assert len(re.findall(
+        r'^  instrumentation per sample, amortised \(K=\d+\): [-+\d.]+ us$',
+        out, re.M)) == 2
     assert len(re.findall(
         r'^  monitor per batch of zero-cost samples: [-\d.]+ us CPU '
         r'\([-\d.]+ us per sample at batch \d+\)$', out, re.M)) == 2
     for case in ('cheap', 'demo'):
         assert re.search(
             rf'^{case} +\d+\.\d{{3}} \(\d+\.\d{{3}}-\d+\.\d{{3}}\) >=0\.99 '
-            r'+\d+\.\d{3} +[\d.]+ us +[-\d.]+ us = +[-\d.]+% +[-\d.]+ us '
-            r'+[\d.]+ us CPU$',
+            r'+\d+\.\d{3} +[\d.]+ us +[-\d.]+ us = +[-\d.]+% +[-+\d.]+ us '
+            r'\(K=\d+ *\) +[-\d.]+ us +[\d.]+ us CPU$',
             out, re.M), out

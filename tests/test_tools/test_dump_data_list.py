@@ -219,6 +219,45 @@ def test_datasets_of_no_plain_records_are_refused(dataset, reason, tmp_path):
     assert not out.exists() and not list(tmp_path.iterdir())
 
 
+def _toy_coco_edited(root, edit):
+    make_toy_coco(root)
+    path = osp.join(root, 'annotations', 'train.json')
+    with open(path) as file:
+        content = json.load(file)
+    edit({ann['id']: ann for ann in content['annotations']})
+    with open(path, 'w') as file:
+        json.dump(content, file)
+    return path
+
+
+def test_broken_coco_annotations_are_named(tmp_path, capsys):
+    # pycocotools (like the toy) indexes ann['image_id']: without the key
+    # the build ends in a bare KeyError naming neither file nor annotation.
+    root = str(tmp_path / 'no_image_id')
+    path = _toy_coco_edited(root, lambda anns: anns[5].pop('image_id'))
+    config = write_config(tmp_path / 'broken.py', toy_dataset_config(root))
+    with pytest.raises(SystemExit) as error:
+        run_tool_here(capsys, config, tmp_path / 'broken.jsonl')
+    assert str(error.value) == (
+        f"{config}: train_dataloader.dataset cannot be built: {path}: "
+        "annotation 5 (annotations[4]) has no 'image_id'")
+    # An image_id naming no image: the dataset drops the annotation
+    # without a word; --check says how many and why.
+    root = str(tmp_path / 'orphans')
+
+    def orphan(anns):
+        anns[2]['image_id'] = anns[7]['image_id'] = 999
+
+    path = _toy_coco_edited(root, orphan)
+    config = write_config(tmp_path / 'orphans.py', toy_dataset_config(root))
+    result = run_tool_here(capsys, config, tmp_path / 'orphans.jsonl',
+                           '--check', 2)
+    with open(path) as file:
+        total = len(json.load(file)['annotations'])
+    assert (f'--check: {path}: 2 of {total} annotations dropped by the '
+            'dataset: their image_id names no image (ids 2, 7)') in result
+
+
 def test_wrappers_dump_their_dataset_or_say_how(toy_root, tmp_path, capsys):
     repeat = write_config(
         tmp_path / 'repeat.py',

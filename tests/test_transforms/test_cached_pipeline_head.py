@@ -4,6 +4,7 @@ import json
 import multiprocessing
 import os
 
+import cv2
 import numpy as np
 import pytest
 from cached_head_fill import HEAD as FILL_HEAD
@@ -13,6 +14,7 @@ from mmengine.registry import TRANSFORMS
 
 import mmdata_plugin  # noqa: F401
 from mmdata_plugin.cache import NodeStore
+from mmdata_plugin.cache.head_entry_format import decode_head_entry
 from mmdata_plugin.transforms.cached_pipeline_head import NAMESPACE
 from mmdata_plugin.utils import (camera_like_image, encode_jpeg,
                                  pixel_difference)
@@ -117,6 +119,25 @@ def test_source_change_is_a_miss(tmp_path):
     assert head.store.counters(NAMESPACE)['hits'] == 0
 
 
+def test_same_size_rewrite_with_a_new_mtime_is_a_miss(tmp_path):
+    # BMP files of one shape have one size: only the mtime tells the
+    # rewritten file from the cached one.
+    path = str(tmp_path / 'img.bmp')
+    images = [camera_like_image(64, 48, seed) for seed in (1, 2)]
+    encoded = [cv2.imencode('.bmp', image)[1].tobytes() for image in images]
+    assert len(encoded[0]) == len(encoded[1])
+    head = _head(tmp_path, transforms=HEAD[:1])
+    outputs = []
+    for mtime_ns, data in zip((10**18, 10**18 + 10**9), encoded):
+        with open(path, 'wb') as file:
+            file.write(data)
+        os.utime(path, ns=(mtime_ns, mtime_ns))
+        outputs.append(head(dict(img_path=path))['img'])
+    for output, image in zip(outputs, images):
+        np.testing.assert_array_equal(output, image)
+    assert head.counters()['hits'] == 0
+
+
 def test_inner_config_change_is_a_miss(tmp_path):
     path, = _write_images(tmp_path, count=1)
     _head(tmp_path)(_sample(path))
@@ -174,7 +195,14 @@ def test_damaged_entry_is_produced_again(tmp_path):
     os.chmod(entry, 0o644)
     with open(entry, 'r+b') as file:
         file.write(b'garbage!')
-    _assert_same(head(_sample(path)), expected)
+    for _ in range(2):
+        _assert_same(head(_sample(path)), expected)
+    # The damaged read was a miss, and its entry was replaced: the last
+    # read is a hit on a good entry, nothing decoded again.
+    counts = head.counters()
+    assert (counts['hits'], counts['misses'], counts['produced']) == (1, 2, 2)
+    with open(entry, 'rb') as file:
+        assert decode_head_entry(file.read()).fields.keys() >= {'img'}
 
 
 def _run_ranks(tmp_path, cache_dir, paths, tag, kill_on_write=None):
