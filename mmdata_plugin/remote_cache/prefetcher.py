@@ -36,6 +36,8 @@ from typing import Callable, Dict, List, Optional
 
 from mmengine.logging import print_log
 
+from ..cache.node_store import CacheBudgetError
+
 from .consumption_cursors import CursorReader
 from .node_cache_backend import (NAMESPACE, DownloadNotWanted, RemoteReader,
                                  write_victims)
@@ -48,6 +50,9 @@ from .window_ahead import EnteringSamples
 _SIZE_PROBES = 4
 #: Fewest samples the reserve stages (below it nothing is read ahead).
 _MIN_STAGED = 4
+#: Seconds a download waits for room in a full budget before it leaves
+#: the file to its reader (readers waiting on it wait as long).
+_ROOM_WAIT = 2.0
 #: Seconds a file nobody planned stays out of the eviction order's front.
 _JUST_PUBLISHED = 2.0
 #: Reads ahead of the plan remembered until the plan decides them.
@@ -134,6 +139,7 @@ class NodePrefetcher:
                           if EnteringSamples.applies(stream) else None)
         self._booked_ahead = set()
         self._mean_size = float(reader.size_hint or 1 << 16)
+        self._largest_size = 0
         self._pool = ThreadPoolExecutor(max_inflight, 'node-prefetch')
         self._inflight = 0
         self._downloading = set()
@@ -146,7 +152,7 @@ class NodePrefetcher:
         self._miss_share = 1.0
         self._last = None
         self.stats = dict(planned=0, planned_hits=0, downloads=0,
-                          refetched=0, not_admitted=0, failed=0,
+                          refetched=0, failed=0, no_room=0,
                           evicted_by_plan=0, freed_at_read=0,
                           read_before_planned=0, read_before_download=0,
                           reserve_full=0,
@@ -164,6 +170,14 @@ class NodePrefetcher:
             count = len(self._sizes)
             self._mean_size += (size - self._mean_size) / (count + 1)
         self._sizes[sample] = size
+        self._largest_size = max(self._largest_size, size)
+
+    def _download_hint(self, sample: int) -> int:
+        """Bytes reserved before downloading ``sample``: its size, else the
+        largest seen (a hint the file outgrows waits for room while its
+        reader may be waiting on it)."""
+        return self._sizes.get(sample) or max(self._largest_size,
+                                              int(self._mean_size))
 
     def _present(self, urls: List[str]) -> bool:
         return all(
@@ -555,7 +569,7 @@ class NodePrefetcher:
             return None
         self._inflight += 1
         self._downloading.add(sample)
-        return sample, urls, self.size_of(sample)
+        return sample, urls, self._download_hint(sample)
 
     def _fetch_entering(self) -> tuple:
         """Downloads of samples entering the next epoch's window, at low
@@ -610,14 +624,13 @@ class NodePrefetcher:
                     entry = self.reader.fetch(
                         url,
                         size // max(len(urls), 1),
-                        wanted=lambda url=url: self._still_needed(sample, url))
+                        wanted=lambda url=url: self._still_needed(sample, url),
+                        room_wait=_ROOM_WAIT)
                 except DownloadNotWanted:
                     sized = False
                     continue
                 fetched += 1
                 with entry:
-                    if not entry.admitted:
-                        self.stats['not_admitted'] += 1
                     try:
                         total += os.path.getsize(entry.path)
                     except FileNotFoundError:
@@ -630,6 +643,12 @@ class NodePrefetcher:
                                      (time.perf_counter() - start))
                 if fetched and sized:
                     self._learn_size(sample, total)
+        except CacheBudgetError:
+            # No room within _ROOM_WAIT (the budget holds what reads
+            # before this one need): no body was read, its reader
+            # downloads it on demand, once.
+            with self._lock:
+                self.stats['no_room'] += 1
         except Exception as error:  # the reader's own read reports it
             with self._lock:
                 self.stats['failed'] += 1

@@ -1,6 +1,7 @@
 """The node prefetcher driven by hand: plan, downloads, pins, budget."""
 import os
 import time
+from collections import Counter
 from unittest import mock
 
 import numpy as np
@@ -18,6 +19,7 @@ from mmdata_plugin.remote_cache.node_cache_backend import (NAMESPACE, READS,
 from mmdata_plugin.remote_cache.node_stream import NodeStream
 from mmdata_plugin.remote_cache.prefetcher import _SIZE_PROBES, NodePrefetcher
 from mmdata_plugin.remote_cache.sample_order import sample_order_of
+from mmdata_plugin.testing import LoopbackHTTPServer
 
 SIZE = 1000
 
@@ -41,14 +43,15 @@ def make_stream(count, world_size=1):
 
 
 def build(tmp_path, count=120, limit=40 * SIZE, reserve=10 * SIZE,
-          readahead=8, epochs=3, token=1, start_stream=None, urls=None):
+          readahead=8, epochs=3, token=1, start_stream=None, urls=None,
+          remote=None):
     urls = urls or make_source(str(tmp_path / 'remote'), count)
     cache_dir = str(tmp_path / 'cache')
     store = NodeStore(cache_dir, limit)
     stream = start_stream or make_stream(count)
     writer = CursorWriter(cache_dir, 0, token)
     prefetcher = NodePrefetcher(
-        RemoteReader(store, size_hint=SIZE), stream, urls,
+        RemoteReader(store, remote, size_hint=SIZE), stream, urls,
         CursorReader(cache_dir, [0], token), reserve=reserve,
         readahead=readahead, max_inflight=4,
         stop=epochs * stream.epoch_ticks, horizon=2 * stream.epoch_ticks)
@@ -56,11 +59,17 @@ def build(tmp_path, count=120, limit=40 * SIZE, reserve=10 * SIZE,
     return prefetcher, writer, urls, cache_dir, limit
 
 
+def read_file(path):
+    with open(path, 'rb') as file:
+        return file.read()
+
+
 def consume(prefetcher, writer, urls, cache_dir, limit, start, stop, batch=4,
-            settle=True):
+            settle=True, remote=None, expected=read_file):
     """A loop that reads a batch through the backend per iteration;
-    ``settle``: after the prefetcher's downloads of the window are done."""
-    backend = NodeCacheBackend(cache_dir, limit)
+    ``settle``: after the prefetcher's downloads of the window are done;
+    ``expected(url)``: the bytes a read must return."""
+    backend = NodeCacheBackend(cache_dir, limit, remote=remote)
     stream = prefetcher.stream
     peak = 0
     for tick in range(start, stop, batch):
@@ -75,8 +84,7 @@ def consume(prefetcher, writer, urls, cache_dir, limit, start, stop, batch=4,
             prefetcher.poll()
         for sample in stream.ids(tick, min(tick + batch, stop)).tolist():
             for url in urls(sample):
-                with open(url, 'rb') as file:
-                    assert backend.get(url) == file.read()
+                assert backend.get(url) == expected(url)
         usage = prefetcher.store.usage()
         peak = max(peak, usage.committed_bytes + usage.inflight_bytes)
     epoch, offset = divmod(stop, stream.epoch_ticks)
@@ -436,3 +444,40 @@ def test_growing_window_later_epochs_read_only_local_files(tmp_path, count):
     assert stats['planned'] - stats['planned_hits'] == 40 - _SIZE_PROBES
     assert stats['refetched'] == stats['failed'] == 0
     assert stats['read_before_planned'] == 0
+
+
+def _serve_varying_sizes(count, mean, seed):
+    """Objects whose sizes vary around ``mean`` (the prefetcher's hint)."""
+    rng = np.random.default_rng(seed)
+    sizes = rng.integers(mean // 2, mean * 3 // 2, count)
+    return {f'{sample}.bin': rng.bytes(int(size))
+            for sample, size in enumerate(sizes)}
+
+
+@pytest.mark.parametrize('seed', range(6))
+def test_no_object_is_downloaded_twice_under_budget_pressure(tmp_path, seed):
+    # The plan at a tight budget, sizes varying around the hint, readers
+    # racing the prefetcher: each read costs at most one download, and
+    # every body downloaded is served (published or read privately).
+    objects = _serve_varying_sizes(80, SIZE, seed)
+    remote = dict(backend='remote_http')
+    with LoopbackHTTPServer(objects) as server:
+        urls = lambda sample: [server.url(f'{sample}.bin')]  # noqa: E731
+        prefetcher, writer, _, cache_dir, limit = build(
+            tmp_path, count=80, limit=12 * SIZE, reserve=6 * SIZE,
+            epochs=2, urls=urls, remote=remote)
+        consume(prefetcher, writer, urls, cache_dir, limit, 0,
+                prefetcher.stop, settle=False, remote=remote,
+                expected=lambda url: objects[url.rsplit('/', 1)[1]])
+        prefetcher.close()
+        stats = server.stats()
+    reads = Counter(
+        f'{sample}.bin'
+        for sample in prefetcher.stream.ids(0, prefetcher.stop).tolist())
+    repeats = {path: count for path, count in stats.downloads.items()
+               if count > reads[path]}
+    assert repeats == {}
+    counts = prefetcher.store.counters(NAMESPACE)
+    assert sum(stats.downloads.values()) == (counts['produced'] +
+                                             counts['bypassed'])
+    assert prefetcher.stats['failed'] == 0
