@@ -443,9 +443,8 @@ class NodeStore:
                 # A write that outgrows the hint waits for the room it needs
                 # rather than starting again privately: the bytes are read
                 # from the remote once.
-                temp = self._write_temp(
-                    produce, reservation, validate,
-                    wait=_ROOM_WAIT_SECONDS if room_wait is None else room_wait)
+                wait = _ROOM_WAIT_SECONDS if room_wait is None else room_wait
+                temp = self._write_temp(produce, reservation, validate, wait)
                 self._publish(reservation, temp, EntryRow(
                     digest, namespace, key, 0, time.time()))
         self._counters.add(namespace, 'produced')

@@ -9,7 +9,8 @@ This is a threaded stdlib HTTP/1.1 server with those knobs:
 - ``bandwidth``: bytes/s shared by all connections (one token bucket);
 - ``fault_rate``: the fraction of requests that fail, as 5xx answers,
   stalls without an answer (client timeouts), bodies cut short of their
-  ``Content-Length`` or (when asked for) bodies with one byte flipped; which request fails is a pure function of
+  ``Content-Length`` or (when asked for) bodies with one byte flipped;
+  which request fails is a pure function of
   ``(seed, method, path, n-th request for that path)``, so a run is
   reproducible whatever the thread interleaving, and a retry of a failed
   request draws again;
