@@ -60,3 +60,49 @@ def test_an_etag_that_is_no_md5_checks_only_the_length(tmp_path):
         server.faults.script('obj.bin', ['corrupt'])
         got = HTTPRemoteBackend().get(server.url('obj.bin'))
     assert len(got) == len(DATA) and got != DATA
+
+
+def _flip_first_body(backend):
+    """Damage the first body ``backend`` receives, past botocore's own
+    checksum (as a broken proxy or NIC would before it, had it one)."""
+    opened, flipped = backend._open, []
+
+    def damaged_open(url, span):
+        body = opened(url, span)
+        if flipped:
+            return body
+        flipped.append(url)
+        chunks = body.chunks
+
+        def flip():
+            first = bytearray(next(chunks))
+            first[0] ^= 0xFF
+            yield bytes(first)
+            yield from chunks
+
+        body.chunks = flip()
+        return body
+
+    backend._open = damaged_open
+
+
+def test_s3_bodies_are_checked_by_their_etag(tmp_path):
+    from mmdata_plugin.testing import MotoS3Server
+    with MotoS3Server() as server:
+        server.put_objects('bucket', {'obj.bin': DATA})
+        args = server.backend_args(backoff=0.01)
+        backend = NodeCacheBackend(str(tmp_path / 'cache'), '1MB',
+                                   remote=args)
+        url = 's3://bucket/obj.bin'
+        _flip_first_body(backend.reader.remote(url))
+        assert backend.get(url) == DATA
+    assert backend.store.counters(NAMESPACE)['corrupt'] == 1
+
+
+def test_s3_checksum_errors_are_corrupt_bodies():
+    import botocore.exceptions as boto_errors
+
+    from mmdata_plugin.remote.s3_backend import _classify
+    error = _classify('s3://b/k', boto_errors.FlexibleChecksumError(
+        error_msg='Expected checksum x did not match calculated checksum y'))
+    assert isinstance(error, RemoteCorruptError) and 's3://b/k' in str(error)
