@@ -69,6 +69,18 @@ class BeladyCache:
         self.used += size
         heapq.heappush(self._heap, (-until, sample))
 
+    def resize(self, capacity: int) -> List[int]:
+        """Set the capacity to ``capacity``; the samples dropped to fit,
+        those needed furthest ahead first."""
+        self.capacity = int(capacity)
+        dropped = []
+        while self.used > self.capacity:
+            _, sample = self._furthest()
+            heapq.heappop(self._heap)
+            self._discard(sample)
+            dropped.append(sample)
+        return dropped
+
     def kept_by_next_use(self):
         """Kept samples, the one needed furthest ahead first."""
         return sorted(self.until, key=self.until.get, reverse=True)

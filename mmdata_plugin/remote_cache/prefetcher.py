@@ -50,6 +50,11 @@ from .window_ahead import EnteringSamples
 _SIZE_PROBES = 4
 #: Fewest samples the reserve stages (below it nothing is read ahead).
 _MIN_STAGED = 4
+#: Largest share of the budget an automatic reserve takes (when it holds
+#: more than _MIN_STAGED samples): the rest keeps samples for hits.
+RESERVE_SHARE = 0.05
+#: Relative change of the needed reserve that resizes it.
+_RESIZE_STEP = 0.25
 #: Seconds a download waits for room in a full budget before it leaves
 #: the file to its reader (readers waiting on it wait as long).
 _ROOM_WAIT = 2.0
@@ -73,8 +78,9 @@ class NodePrefetcher:
         cursors (CursorReader): The positions of the node's ranks.
         reserve (int, optional): Bytes of the budget for files downloaded
             ahead of their read and not kept (the plan keeps samples in
-            ``limit - reserve``). None sizes it at :meth:`start`:
-            ``max_inflight`` samples, at most a quarter of the limit.
+            ``limit - reserve``). None sizes it by Little's law and resizes
+            it as rates are measured (:meth:`needed_reserve`), at most
+            ``RESERVE_SHARE`` of the limit.
         readahead (int): Ticks the node's DataLoaders read ahead of the
             loops (decided and downloading whatever the in-flight target).
         max_inflight (int): Most downloads at once.
@@ -101,6 +107,7 @@ class NodePrefetcher:
         self.sample_urls = sample_urls
         self.cursors = cursors
         self.reserve = None if reserve is None else int(reserve)
+        self.auto_reserve = reserve is None
         self.readahead = int(readahead)
         self.max_inflight = int(max_inflight)
         self.stop = stop
@@ -221,12 +228,37 @@ class NodePrefetcher:
             for sample in self.planner.cache.until:
                 self._book(sample)
 
+    def needed_reserve(self) -> int:
+        """Bytes the files read ahead and not kept need (Little's law):
+        the window's ticks (read-ahead plus measured rate x latency) that
+        miss, plus the margin of two samples :meth:`_decide_ahead` keeps;
+        at least ``_MIN_STAGED`` samples, at most ``RESERVE_SHARE`` of the
+        limit when that holds them."""
+        mean = int(self._mean_size)
+        staged = math.ceil(self.window() * self._miss_share) + 2
+        floor = _MIN_STAGED * mean
+        cap = max(floor, int(self.store.limit * RESERVE_SHARE))
+        return min(max(staged * mean, floor), cap)
+
+    def _resize_reserve(self) -> List[str]:
+        """Follow :meth:`needed_reserve` when it moved by more than
+        ``_RESIZE_STEP``; the files of kept samples the smaller plan
+        capacity drops."""
+        needed = self.needed_reserve()
+        if abs(needed - self.reserve) <= _RESIZE_STEP * self.reserve:
+            return []
+        self.reserve = needed
+        gone = []
+        for victim in self.planner.cache.resize(self.store.limit - needed):
+            gone += self._drop(victim)
+        return gone
+
     def _sized_reserve(self) -> int:
         """The reserve in bytes, now that the mean sample size is known."""
         limit, mean = self.store.limit, int(self._mean_size)
         floor = _MIN_STAGED * mean
         if self.reserve is None:
-            return min(max(self.max_inflight * mean, floor), limit // 4)
+            return self.needed_reserve()
         if self.reserve < floor:
             print_log(
                 f'Remote cache: prefetch_reserve={self.reserve} bytes holds '
@@ -494,6 +526,8 @@ class NodePrefetcher:
         with self._lock:
             self.position = max(self.position, position)
             self._measure(self.position)
+            if self.auto_reserve:
+                self._leaving.update(self._resize_reserve())
             self._leaving.update(self._take_reads())
             self._leaving.update(self._release_consumed())
             downloads = self._decide_ahead() + self._fetch_entering()

@@ -44,7 +44,7 @@ def make_stream(count, world_size=1):
 
 def build(tmp_path, count=120, limit=40 * SIZE, reserve=10 * SIZE,
           readahead=8, epochs=3, token=1, start_stream=None, urls=None,
-          remote=None):
+          remote=None, max_inflight=4):
     urls = urls or make_source(str(tmp_path / 'remote'), count)
     cache_dir = str(tmp_path / 'cache')
     store = NodeStore(cache_dir, limit)
@@ -53,7 +53,7 @@ def build(tmp_path, count=120, limit=40 * SIZE, reserve=10 * SIZE,
     prefetcher = NodePrefetcher(
         RemoteReader(store, remote, size_hint=SIZE), stream, urls,
         CursorReader(cache_dir, [0], token), reserve=reserve,
-        readahead=readahead, max_inflight=4,
+        readahead=readahead, max_inflight=max_inflight,
         stop=epochs * stream.epoch_ticks, horizon=2 * stream.epoch_ticks)
     store.eviction_policy = prefetcher.victims
     return prefetcher, writer, urls, cache_dir, limit
@@ -267,14 +267,49 @@ def test_the_store_never_evicts_a_kept_file_before_a_read_ahead(tmp_path):
     assert not offered & waiting
 
 
-def test_auto_reserve_is_max_inflight_samples(tmp_path):
-    prefetcher, writer, *_ = build(tmp_path, reserve=None)
+def test_auto_reserve_is_what_the_window_needs(tmp_path):
+    prefetcher, writer, *_ = build(tmp_path, reserve=None,
+                                   limit=2000 * SIZE)
     writer.publish(0, 0)
     prefetcher.poll()
+    # Nothing measured: the window (8 read ahead + 64 lead) all missing,
+    # plus two samples of margin.
+    assert prefetcher.reserve == 74 * SIZE
+    assert prefetcher.planner.cache.capacity == 1926 * SIZE
+    # Measured: 1000 ticks/s, 50 ms per download, 1 in 4 a miss: a window
+    # of 8 + 150 ticks, 40 of them downloads.
+    prefetcher._rate, prefetcher._latency = 1000.0, 0.05
+    prefetcher._miss_share = 0.25
+    assert prefetcher._resize_reserve() == []
+    assert prefetcher.reserve == 42 * SIZE
+    assert prefetcher.planner.cache.capacity == 1958 * SIZE
+    # Four times faster: capped at 5% of the budget; the kept sample read
+    # furthest ahead makes room.
+    prefetcher._rate = 4000.0
+    cache = prefetcher.planner.cache
+    cache.keep(10**6, 10**9, cache.capacity - cache.used)
+    prefetcher._urls[10**6] = []
+    prefetcher._resize_reserve()
+    assert prefetcher.reserve == 100 * SIZE
+    assert 10**6 not in cache.until and cache.used <= 1900 * SIZE
     prefetcher.close()
-    # 4 downloads in flight at most, of SIZE bytes, a quarter of 40.
-    assert prefetcher.reserve == 4 * SIZE
-    assert prefetcher.planner.cache.capacity == 36 * SIZE
+
+
+@pytest.mark.parametrize('budget_mb', [10, 25])
+def test_auto_reserve_is_a_small_share_of_small_budgets(tmp_path, budget_mb):
+    # 50 KB samples in a 10 MB / 25 MB budget, 64 downloads at most: the
+    # reserve used to be 64 samples, capped at a quarter of the budget.
+    limit = budget_mb * 20 * SIZE
+    prefetcher, writer, urls, cache_dir, _ = build(
+        tmp_path, reserve=None, limit=limit, max_inflight=64, epochs=1)
+    shares = []
+    for tick in range(0, prefetcher.stop, 16):
+        writer.publish(*divmod(tick, prefetcher.stream.epoch_ticks))
+        prefetcher.poll()
+        shares.append(prefetcher.reserve / limit)
+    prefetcher.close()
+    assert max(shares) <= 0.05
+    assert prefetcher.store.usage().committed_bytes <= limit
 
 
 def restart(first, cache_dir, urls, limit, token):
