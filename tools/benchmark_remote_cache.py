@@ -94,6 +94,12 @@ def parse_args(argv=None):
                         help='2000 samples, 25%% budget, batch size 16, '
                         '6 s time box, no fsspec')
     parser.add_argument(
+        '--planner-scale', default=None, metavar='N,N,...',
+        help='only simulate the planner (no downloads) on one shuffled '
+        'stream of each number of samples, with a look-ahead of '
+        '--planner-horizon ticks, against Belady')
+    parser.add_argument('--planner-horizon', type=int, default=1 << 14)
+    parser.add_argument(
         '--work-dir',
         default=osp.join(tempfile.gettempdir(), 'mmdata_benchmark_remote'))
     parser.add_argument('--rank-run', help=argparse.SUPPRESS)
@@ -530,6 +536,9 @@ def main():
     if args.rank_run:
         run_rank(args)
         return
+    if args.planner_scale:
+        report_planner_scale(args)
+        return
     from mmdata_plugin.testing import LoopbackHTTPServer
     work_dir = args.work_dir
     sample_bytes = int(args.sample_kb * 1000)
@@ -676,6 +685,56 @@ def report_keep_capacity(results, args):
               f'{result["reserve"] / 1e6:.1f} MB '
               f'({100 * result["reserve"] / budget:.1f}% of the budget), '
               f'capacity {result["keep_capacity"] / 1e6:.1f} MB: {rates}')
+
+
+# ------------------------------------------------- planner at scale
+
+
+def planner_scale(samples: int, horizon: int, epochs: int = 2,
+                  share: float = 0.25, seed: int = 0) -> dict:
+    """The planner alone on one node's shuffled epochs of ``samples``
+    equal samples (a Feistel permutation per epoch, as RankShardedSampler
+    draws them) with a cache of ``share`` of them: its hit rate from epoch
+    2 on against Belady's (for one shuffled stream, keeping any fixed set
+    of ``share`` is optimal: ``share``), and the look-ahead's bytes."""
+    from mmdata_plugin.datasets.index_permutation import IndexPermutation
+    from mmdata_plugin.remote_cache.node_stream import NodeStream
+    from mmdata_plugin.remote_cache.sample_order import SampleOrder
+    from mmdata_plugin.remote_cache.stream_planner import StreamPlanner
+
+    class ShuffledEpochs(SampleOrder):
+        epoch_size = samples
+
+        def ids(self, epoch, positions):
+            return IndexPermutation(samples, seed, epoch)(positions)
+
+    stream = NodeStream(ShuffledEpochs(), 1, 0, 1)
+    planner = StreamPlanner(stream, int(samples * share), lambda sample: 1,
+                            stop=epochs * samples, horizon=horizon)
+    start = time.perf_counter()
+    hits = sum(decision.hit for decision in iter(planner.decide, None)
+               if decision.tick >= samples)
+    seconds = time.perf_counter() - start
+    rate = hits / ((epochs - 1) * samples)
+    lookahead = planner._ids.nbytes + planner._next.nbytes
+    return dict(samples=samples, horizon=horizon, hit_rate=rate,
+                belady=share, of_belady=rate / share,
+                lookahead_bytes=lookahead, seconds=seconds)
+
+
+def report_planner_scale(args) -> None:
+    print('| samples | look-ahead ticks (of an epoch) | hit % epoch 2+ | '
+          'Belady % | of Belady | look-ahead MB | s |')
+    print('|---|---|---|---|---|---|---|')
+    for text in args.planner_scale.split(','):
+        samples = int(float(text))
+        row = planner_scale(samples, args.planner_horizon)
+        print(f"| {samples:.0e} | {row['horizon']} "
+              f"({row['horizon'] / samples:.2g}) | "
+              f"{100 * row['hit_rate']:.2f} | {100 * row['belady']:.0f} | "
+              f"{row['of_belady']:.3f} | "
+              f"{row['lookahead_bytes'] / 1e6:.2f} | "
+              f"{row['seconds']:.0f} |", flush=True)
 
 
 if __name__ == '__main__':

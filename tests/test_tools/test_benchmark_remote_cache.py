@@ -49,3 +49,15 @@ def test_harness_measures_remote_readers(tmp_path):
     assert (ours['offline_keep']['belady_bypass'][1]['hit_rate'] <
             ours['offline']['belady_bypass'][1]['hit_rate'])
     assert "At the plan's capacity" in out and '\nours@50%' in out
+
+
+def test_planner_scale_is_measured_against_belady():
+    # A look-ahead of 1/40 of an epoch still keeps Belady's 25%.
+    out = run_command([
+        sys.executable, f'{REPO_ROOT}/tools/benchmark_remote_cache.py',
+        '--planner-scale', '2e4', '--planner-horizon', '512'
+    ],
+                      env=cpu_env(dict(PYTHONPATH=REPO_ROOT)),
+                      timeout=300).stdout
+    row = out.strip().splitlines()[-1].split('|')
+    assert row[1].strip() == '2e+04' and float(row[5]) >= 0.95
