@@ -100,6 +100,12 @@ def parse_args(argv=None):
         '--planner-horizon ticks, against Belady')
     parser.add_argument('--planner-horizon', type=int, default=1 << 14)
     parser.add_argument(
+        '--download-cpu', type=int, default=None, metavar='FILES',
+        help='only measure the CPU time of downloads into the node store '
+        '(thread CPU clock, FILES of --sample-kb from an in-memory '
+        'loopback server with MD5 ETags), clean and with 5%% of the '
+        'bodies corrupted')
+    parser.add_argument(
         '--work-dir',
         default=osp.join(tempfile.gettempdir(), 'mmdata_benchmark_remote'))
     parser.add_argument('--rank-run', help=argparse.SUPPRESS)
@@ -539,6 +545,9 @@ def main():
     if args.planner_scale:
         report_planner_scale(args)
         return
+    if args.download_cpu:
+        report_download_cpu(args)
+        return
     from mmdata_plugin.testing import LoopbackHTTPServer
     work_dir = args.work_dir
     sample_bytes = int(args.sample_kb * 1000)
@@ -735,6 +744,72 @@ def report_planner_scale(args) -> None:
               f"{row['of_belady']:.3f} | "
               f"{row['lookahead_bytes'] / 1e6:.2f} | "
               f"{row['seconds']:.0f} |", flush=True)
+
+
+# ------------------------------------------------- CPU per download
+
+
+def download_cpu(files: int, sample_bytes: int, corrupt_rate: float,
+                 work_dir: str, threads: int = 8) -> dict:
+    """Downloads through ``RemoteReader.fetch`` (what the prefetcher and
+    the readers run per file) on ``threads`` threads: the thread CPU time
+    of each (HTTP client, checks, store ledger and files), and whether the
+    stored bytes are the served ones."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import mmdata_plugin  # noqa: F401  (registers the remote backends)
+    from mmdata_plugin.cache.node_store import NodeStore
+    from mmdata_plugin.remote import RemoteCorruptError
+    from mmdata_plugin.remote_cache.node_cache_backend import (NAMESPACE,
+                                                               RemoteReader)
+    from mmdata_plugin.testing import LoopbackHTTPServer
+    rng = np.random.default_rng(0)
+    objects = {f'{i}.bin': rng.bytes(sample_bytes) for i in range(files)}
+    cache_dir = osp.join(work_dir, f'cpu_cache_{corrupt_rate:g}')
+    shutil.rmtree(cache_dir, ignore_errors=True)
+    store = NodeStore(cache_dir, 2 * files * sample_bytes)
+    with LoopbackHTTPServer(objects, fault_rate=corrupt_rate,
+                            fault_kinds=('corrupt', )) as server:
+        reader = RemoteReader(store, dict(backend='remote_http'),
+                              sample_bytes)
+
+        def fetch(name):
+            start = time.thread_time()
+            try:
+                with reader.fetch(server.url(name)) as entry:
+                    with open(entry.path, 'rb') as file:
+                        same = file.read() == objects[name]
+            except RemoteCorruptError:
+                same = None  # damaged on every one of its downloads
+            return time.thread_time() - start, same
+
+        with ThreadPoolExecutor(threads) as pool:
+            runs = list(pool.map(fetch, objects))
+        requests = server.stats().get_requests
+    cpu = np.array([seconds for seconds, _ in runs]) * 1e3
+    return dict(files=files, cpu_ms_median=float(np.median(cpu)),
+                cpu_ms_mean=float(cpu.mean()),
+                wrong=sum(same is False for _, same in runs),
+                raised=sum(same is None for _, same in runs),
+                corrupt=store.counters(NAMESPACE)['corrupt'],
+                requests=requests)
+
+
+def report_download_cpu(args) -> None:
+    sample_bytes = int(args.sample_kb * 1000)
+    os.makedirs(args.work_dir, exist_ok=True)
+    print(f'| bodies corrupted | files of {args.sample_kb:g} KB | '
+          'CPU ms per download (median / mean) | wrong | corrupt rejected '
+          '| raised after 3 | requests |')
+    print('|---|---|---|---|---|---|---|')
+    for rate in (0.0, 0.05):
+        row = download_cpu(args.download_cpu, sample_bytes, rate,
+                           args.work_dir)
+        print(f"| {100 * rate:g}% | {row['files']} | "
+              f"{row['cpu_ms_median']:.2f} / {row['cpu_ms_mean']:.2f} | "
+              f"{row['wrong']} | {row['corrupt']} | {row['raised']} | "
+              f"{row['requests']} |",
+              flush=True)
 
 
 if __name__ == '__main__':
