@@ -54,7 +54,8 @@ def build(tmp_path, count=120, limit=40 * SIZE, reserve=10 * SIZE,
         RemoteReader(store, remote, size_hint=SIZE), stream, urls,
         CursorReader(cache_dir, [0], token), reserve=reserve,
         readahead=readahead, max_inflight=max_inflight,
-        stop=epochs * stream.epoch_ticks, horizon=2 * stream.epoch_ticks)
+        stop=stream.epoch_start(epochs),
+        horizon=2 * stream.epoch_ticks_of(epochs - 1))
     store.eviction_policy = prefetcher.victims
     return prefetcher, writer, urls, cache_dir, limit
 
@@ -73,8 +74,7 @@ def consume(prefetcher, writer, urls, cache_dir, limit, start, stop, batch=4,
     stream = prefetcher.stream
     peak = 0
     for tick in range(start, stop, batch):
-        epoch, offset = divmod(tick, stream.epoch_ticks)
-        writer.publish(epoch, offset)
+        writer.publish(*stream.epoch_of(tick))
         prefetcher.poll()
         prefetcher.write_victims(cache_dir)
         while settle and (prefetcher.status()['inflight']
@@ -87,8 +87,7 @@ def consume(prefetcher, writer, urls, cache_dir, limit, start, stop, batch=4,
                 assert backend.get(url) == expected(url)
         usage = prefetcher.store.usage()
         peak = max(peak, usage.committed_bytes + usage.inflight_bytes)
-    epoch, offset = divmod(stop, stream.epoch_ticks)
-    writer.publish(epoch, offset)
+    writer.publish(*stream.epoch_of(stop))
     prefetcher.poll()
     return peak
 
@@ -375,6 +374,18 @@ def _settle(prefetcher, done, seconds=20):
         prefetcher.poll()
 
 
+def growing_window_stream(count, batch):
+    """A window of 40 samples growing by 20 up to 80 (one rank)."""
+    with mock.patch(
+            'mmdata_plugin.datasets.rank_sharded_sampler.get_dist_info',
+            return_value=(0, 1)):
+        sampler = GrowingWindowSampler(
+            list(range(count)), initial=40, growth=20,
+            cache_limit=100 * SIZE, sample_bytes=SIZE, seed=3)
+    return sampler, NodeStream(
+        sample_order_of(BatchSampler(sampler, batch, False), 1), 1, 0, 1)
+
+
 @pytest.mark.parametrize('count', [200, 120])
 def test_growing_window_later_epochs_read_only_local_files(tmp_path, count):
     # Windows of 40, 60, 80, 80, 80, 80 samples; the budget holds the
@@ -382,15 +393,8 @@ def test_growing_window_later_epochs_read_only_local_files(tmp_path, count):
     # Of 120 samples, epoch 5 reads arrivals 0..19 again (they left at
     # epoch 3): the plan may keep them meanwhile instead.
     epochs, batch = 6, 4
-    with mock.patch(
-            'mmdata_plugin.datasets.rank_sharded_sampler.get_dist_info',
-            return_value=(0, 1)):
-        sampler = GrowingWindowSampler(
-            list(range(count)), initial=40, growth=20,
-            cache_limit=100 * SIZE, sample_bytes=SIZE, seed=3)
+    sampler, stream = growing_window_stream(count, batch)
     assert sampler.capacity == 80
-    stream = NodeStream(
-        sample_order_of(BatchSampler(sampler, batch, False), 1), 1, 0, 1)
     urls = make_source(str(tmp_path / 'remote'), count)
     cache_dir = str(tmp_path / 'cache')
     reserve = 8 * SIZE
@@ -516,3 +520,37 @@ def test_no_object_is_downloaded_twice_under_budget_pressure(tmp_path, seed):
     assert sum(stats.downloads.values()) == (counts['produced'] +
                                              counts['bypassed'])
     assert prefetcher.stats['failed'] == 0
+
+
+def test_growing_window_under_faults_reads_right_bytes_once(tmp_path):
+    # Windows of 40, 60, 80, 80 samples from a remote failing 15% of its
+    # requests (5xx, cut bodies, flipped bytes): every read is right, no
+    # file is downloaded more often than it is read but for its damaged
+    # bodies.
+    count = 120
+    _, stream = growing_window_stream(count, 4)
+    objects = _serve_varying_sizes(count, SIZE, 0)
+    remote = dict(backend='remote_http', backoff=0.001)
+    with LoopbackHTTPServer(objects, fault_rate=0.15,
+                            fault_kinds=('5xx', 'truncated',
+                                         'corrupt')) as server:
+        urls = lambda sample: [server.url(f'{sample}.bin')]  # noqa: E731
+        prefetcher, writer, _, cache_dir, limit = build(
+            tmp_path, count=count, limit=108 * SIZE, reserve=8 * SIZE,
+            epochs=4, start_stream=stream, urls=urls, remote=remote)
+        consume(prefetcher, writer, urls, cache_dir, limit, 0,
+                prefetcher.stop, remote=remote,
+                expected=lambda url: objects[url.rsplit('/', 1)[1]])
+        prefetcher.close()
+        stats = server.stats()
+    assert stats.faults['corrupt'] and stats.faults['truncated']
+    reads = Counter(
+        f'{sample}.bin'
+        for sample in stream.ids(0, prefetcher.stop).tolist())
+    # A corrupted body is sent whole (the server counts a download): the
+    # only downloads beyond the reads.
+    beyond = sum(max(0, count - reads[path])
+                 for path, count in stats.downloads.items())
+    assert beyond <= stats.faults['corrupt']
+    assert prefetcher.store.counters(NAMESPACE)['corrupt'] > 0
+    assert prefetcher.stats['entering_fetched'] > 0

@@ -3,7 +3,8 @@ import numpy as np
 import pytest
 
 import mmdata_plugin  # noqa: F401  (registers the remote backends)
-from mmdata_plugin.remote import HTTPRemoteBackend, RemoteCorruptError
+from mmdata_plugin.remote import (HTTPRemoteBackend, RemoteCorruptError,
+                                  RetryableError)
 from mmdata_plugin.remote_cache.node_cache_backend import (NAMESPACE,
                                                            NodeCacheBackend)
 from mmdata_plugin.testing import LoopbackHTTPServer
@@ -62,17 +63,23 @@ def test_an_etag_that_is_no_md5_checks_only_the_length(tmp_path):
     assert len(got) == len(DATA) and got != DATA
 
 
-def _flip_first_body(backend):
-    """Damage the first body ``backend`` receives, past botocore's own
-    checksum (as a broken proxy or NIC would before it, had it one)."""
-    opened, flipped = backend._open, []
+def _script_faults(backend, kinds):
+    """Make ``backend``'s next answers fail as S3 answers fail, one kind
+    each (moto injects none): a 5xx, a body cut short, a flipped byte
+    (past botocore's own checksum, as a broken proxy would)."""
+    opened, kinds = backend._open, list(kinds)
 
-    def damaged_open(url, span):
+    def faulty_open(url, span):
+        kind = kinds.pop(0) if kinds else None
+        if kind == '5xx':
+            raise RetryableError('S3 InternalError (HTTP 500)')
         body = opened(url, span)
-        if flipped:
-            return body
-        flipped.append(url)
         chunks = body.chunks
+
+        def cut():
+            first = next(chunks)
+            yield first[:len(first) // 2]
+            raise RetryableError('connection broken')
 
         def flip():
             first = bytearray(next(chunks))
@@ -80,13 +87,16 @@ def _flip_first_body(backend):
             yield bytes(first)
             yield from chunks
 
-        body.chunks = flip()
+        if kind == 'truncated':
+            body.chunks = cut()
+        elif kind == 'corrupt':
+            body.chunks = flip()
         return body
 
-    backend._open = damaged_open
+    backend._open = faulty_open
 
 
-def test_s3_bodies_are_checked_by_their_etag(tmp_path):
+def test_s3_faults_through_the_node_cache(tmp_path):
     from mmdata_plugin.testing import MotoS3Server
     with MotoS3Server() as server:
         server.put_objects('bucket', {'obj.bin': DATA})
@@ -94,8 +104,13 @@ def test_s3_bodies_are_checked_by_their_etag(tmp_path):
         backend = NodeCacheBackend(str(tmp_path / 'cache'), '1MB',
                                    remote=args)
         url = 's3://bucket/obj.bin'
-        _flip_first_body(backend.reader.remote(url))
+        remote = backend.reader.remote(url)
+        _script_faults(remote, ['5xx', 'truncated', 'corrupt'])
         assert backend.get(url) == DATA
+        # 5xx retried, the cut body resumed by a range read (damaged), the
+        # whole object rejected by its ETag and downloaded again.
+        assert remote.requests_made == 4
+        assert backend.get(url) == DATA and remote.requests_made == 4
     assert backend.store.counters(NAMESPACE)['corrupt'] == 1
 
 
