@@ -49,7 +49,8 @@ API (the roles every consumer relies on):
   returning a :class:`StoreEntry` (``path``, ``admitted``); with
   ``admit=False`` or when the budget cannot be reserved even after eviction,
   the producer writes a private temp file that the caller reads and then
-  ``release()``\\ s (its bytes stay reserved until then).
+  ``release()``\\ s (its bytes stay reserved until then), or, given
+  ``room_wait``, waits that long for room and publishes.
 * :meth:`NodeStore.publish_bytes` -- publish bytes the caller already holds;
   never waits for another producer.
 * :meth:`NodeStore.reserve` -- a :class:`Reservation` (context manager);

@@ -37,7 +37,6 @@ from typing import Callable, Dict, List, Optional
 from mmengine.logging import print_log
 
 from ..cache.node_store import CacheBudgetError
-
 from .consumption_cursors import CursorReader
 from .node_cache_backend import (NAMESPACE, DownloadNotWanted, RemoteReader,
                                  write_victims)
