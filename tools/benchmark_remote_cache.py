@@ -94,6 +94,18 @@ def parse_args(argv=None):
                         help='2000 samples, 25%% budget, batch size 16, '
                         '6 s time box, no fsspec')
     parser.add_argument(
+        '--planner-scale', default=None, metavar='N,N,...',
+        help='only simulate the planner (no downloads) on one shuffled '
+        'stream of each number of samples, with a look-ahead of '
+        '--planner-horizon ticks, against Belady')
+    parser.add_argument('--planner-horizon', type=int, default=1 << 14)
+    parser.add_argument(
+        '--download-cpu', type=int, default=None, metavar='FILES',
+        help='only measure the CPU time of downloads into the node store '
+        '(thread CPU clock, FILES of --sample-kb from an in-memory '
+        'loopback server with MD5 ETags), clean and with 5%% of the '
+        'bodies corrupted')
+    parser.add_argument(
         '--work-dir',
         default=osp.join(tempfile.gettempdir(), 'mmdata_benchmark_remote'))
     parser.add_argument('--rank-run', help=argparse.SUPPRESS)
@@ -530,6 +542,12 @@ def main():
     if args.rank_run:
         run_rank(args)
         return
+    if args.planner_scale:
+        report_planner_scale(args)
+        return
+    if args.download_cpu:
+        report_download_cpu(args)
+        return
     from mmdata_plugin.testing import LoopbackHTTPServer
     work_dir = args.work_dir
     sample_bytes = int(args.sample_kb * 1000)
@@ -676,6 +694,121 @@ def report_keep_capacity(results, args):
               f'{result["reserve"] / 1e6:.1f} MB '
               f'({100 * result["reserve"] / budget:.1f}% of the budget), '
               f'capacity {result["keep_capacity"] / 1e6:.1f} MB: {rates}')
+
+
+# ------------------------------------------------- planner at scale
+
+
+def planner_scale(samples: int, horizon: int, epochs: int = 2,
+                  share: float = 0.25, seed: int = 0) -> dict:
+    """The planner alone on one node's shuffled epochs of ``samples``
+    equal samples (a Feistel permutation per epoch, as RankShardedSampler
+    draws them) with a cache of ``share`` of them: its hit rate from epoch
+    2 on against Belady's (for one shuffled stream, keeping any fixed set
+    of ``share`` is optimal: ``share``), and the look-ahead's bytes."""
+    from mmdata_plugin.remote_cache.stream_planner import StreamPlanner
+    from mmdata_plugin.sample_order import (IndexPermutation, NodeStream,
+                                            SampleOrder)
+
+    class ShuffledEpochs(SampleOrder):
+        epoch_size = samples
+
+        def ids(self, epoch, positions):
+            return IndexPermutation(samples, seed, epoch)(positions)
+
+    stream = NodeStream(ShuffledEpochs(), 1, 0, 1)
+    planner = StreamPlanner(stream, int(samples * share), lambda sample: 1,
+                            stop=epochs * samples, horizon=horizon)
+    start = time.perf_counter()
+    hits = sum(decision.hit for decision in iter(planner.decide, None)
+               if decision.tick >= samples)
+    seconds = time.perf_counter() - start
+    rate = hits / ((epochs - 1) * samples)
+    lookahead = planner._ids.nbytes + planner._next.nbytes
+    return dict(samples=samples, horizon=horizon, hit_rate=rate,
+                belady=share, of_belady=rate / share,
+                lookahead_bytes=lookahead, seconds=seconds)
+
+
+def report_planner_scale(args) -> None:
+    print('| samples | look-ahead ticks (of an epoch) | hit % epoch 2+ | '
+          'Belady % | of Belady | look-ahead MB | s |')
+    print('|---|---|---|---|---|---|---|')
+    for text in args.planner_scale.split(','):
+        samples = int(float(text))
+        row = planner_scale(samples, args.planner_horizon)
+        print(f"| {samples:.0e} | {row['horizon']} "
+              f"({row['horizon'] / samples:.2g}) | "
+              f"{100 * row['hit_rate']:.2f} | {100 * row['belady']:.0f} | "
+              f"{row['of_belady']:.3f} | "
+              f"{row['lookahead_bytes'] / 1e6:.2f} | "
+              f"{row['seconds']:.0f} |", flush=True)
+
+
+# ------------------------------------------------- CPU per download
+
+
+def download_cpu(files: int, sample_bytes: int, corrupt_rate: float,
+                 work_dir: str, threads: int = 8) -> dict:
+    """Downloads through ``RemoteReader.fetch`` (what the prefetcher and
+    the readers run per file) on ``threads`` threads: the thread CPU time
+    of each (HTTP client, checks, store ledger and files), and whether the
+    stored bytes are the served ones."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import mmdata_plugin  # noqa: F401  (registers the remote backends)
+    from mmdata_plugin.cache.node_store import NodeStore
+    from mmdata_plugin.remote import RemoteCorruptError
+    from mmdata_plugin.remote_cache.node_cache_backend import (NAMESPACE,
+                                                               RemoteReader)
+    from mmdata_plugin.testing import LoopbackHTTPServer
+    rng = np.random.default_rng(0)
+    objects = {f'{i}.bin': rng.bytes(sample_bytes) for i in range(files)}
+    cache_dir = osp.join(work_dir, f'cpu_cache_{corrupt_rate:g}')
+    shutil.rmtree(cache_dir, ignore_errors=True)
+    store = NodeStore(cache_dir, 2 * files * sample_bytes)
+    with LoopbackHTTPServer(objects, fault_rate=corrupt_rate,
+                            fault_kinds=('corrupt', )) as server:
+        reader = RemoteReader(store, dict(backend='remote_http'),
+                              sample_bytes)
+
+        def fetch(name):
+            start = time.thread_time()
+            try:
+                with reader.fetch(server.url(name)) as entry:
+                    with open(entry.path, 'rb') as file:
+                        same = file.read() == objects[name]
+            except RemoteCorruptError:
+                same = None  # damaged on every one of its downloads
+            return time.thread_time() - start, same
+
+        with ThreadPoolExecutor(threads) as pool:
+            runs = list(pool.map(fetch, objects))
+        requests = server.stats().get_requests
+    cpu = np.array([seconds for seconds, _ in runs]) * 1e3
+    return dict(files=files, cpu_ms_median=float(np.median(cpu)),
+                cpu_ms_mean=float(cpu.mean()),
+                wrong=sum(same is False for _, same in runs),
+                raised=sum(same is None for _, same in runs),
+                corrupt=store.counters(NAMESPACE)['corrupt'],
+                requests=requests)
+
+
+def report_download_cpu(args) -> None:
+    sample_bytes = int(args.sample_kb * 1000)
+    os.makedirs(args.work_dir, exist_ok=True)
+    print(f'| bodies corrupted | files of {args.sample_kb:g} KB | '
+          'CPU ms per download (median / mean) | wrong | corrupt rejected '
+          '| raised after 3 | requests |')
+    print('|---|---|---|---|---|---|---|')
+    for rate in (0.0, 0.05):
+        row = download_cpu(args.download_cpu, sample_bytes, rate,
+                           args.work_dir)
+        print(f"| {100 * rate:g}% | {row['files']} | "
+              f"{row['cpu_ms_median']:.2f} / {row['cpu_ms_mean']:.2f} | "
+              f"{row['wrong']} | {row['corrupt']} | {row['raised']} | "
+              f"{row['requests']} |",
+              flush=True)
 
 
 if __name__ == '__main__':

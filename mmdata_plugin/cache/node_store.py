@@ -49,7 +49,8 @@ API (the roles every consumer relies on):
   returning a :class:`StoreEntry` (``path``, ``admitted``); with
   ``admit=False`` or when the budget cannot be reserved even after eviction,
   the producer writes a private temp file that the caller reads and then
-  ``release()``\\ s (its bytes stay reserved until then).
+  ``release()``\\ s (its bytes stay reserved until then), or, given
+  ``room_wait``, waits that long for room and publishes.
 * :meth:`NodeStore.publish_bytes` -- publish bytes the caller already holds;
   never waits for another producer.
 * :meth:`NodeStore.reserve` -- a :class:`Reservation` (context manager);
@@ -63,8 +64,9 @@ API (the roles every consumer relies on):
   ``produced``, ``waited`` (served after waiting for another producer),
   ``bypassed``, ``evicted_entries``, ``evicted_bytes``; and two that callers
   add with :meth:`NodeStore.count`, since only they know the cost of
-  producing: ``produced_bytes`` (e.g. bytes downloaded) and ``wait_us``
-  (microseconds readers waited for an entry).
+  producing: ``produced_bytes`` (e.g. bytes downloaded), ``wait_us``
+  (microseconds readers waited for an entry) and ``corrupt`` (productions
+  rejected for bytes that failed their checksum).
 
 An entry found by :meth:`lookup` can be evicted by another process before the
 caller opens it (POSIX keeps an opened file readable); callers treat
@@ -96,9 +98,9 @@ _TOUCH_FLUSH = 4096
 # Seconds between two looks for what dead processes left (a reservation
 # that does not fit looks at once).
 _RECLAIM_INTERVAL = 10.0
-# Seconds a private (unpublished) write waits for room as readers release
-# theirs, before the read fails with CacheBudgetError.
-_PRIVATE_WAIT_SECONDS = 300.0
+# Seconds a write waits for room as readers release theirs (and the plan
+# evicts what was read), before it fails with CacheBudgetError.
+_ROOM_WAIT_SECONDS = 300.0
 
 
 def default_cache_dir() -> str:
@@ -218,6 +220,12 @@ class _ReservedWriter:
                     raise
             time.sleep(delay)
             delay = min(delay * 2, 1.0)
+
+    def will_write(self, nbytes: int) -> None:
+        """Hold room for ``nbytes`` in all before writing them (a download
+        that knows its length grows once, before its body is read)."""
+        if nbytes > self._reservation.nbytes:
+            self._grow(nbytes)
 
     def write(self, data) -> int:
         size = memoryview(data).nbytes
@@ -401,7 +409,8 @@ class NodeStore:
                        produce: Callable[[BinaryIO], None],
                        size_hint: int,
                        validate: Optional[Callable[[str], None]] = None,
-                       admit: bool = True) -> StoreEntry:
+                       admit: bool = True,
+                       room_wait: Optional[float] = None) -> StoreEntry:
         """Return the entry of ``key``, producing it once if missing.
 
         Args:
@@ -416,6 +425,13 @@ class NodeStore:
                 once written; raise to reject it (nothing is published).
             admit (bool): False to produce into a private temp file that is
                 not published (the planner's bypass).
+            room_wait (float, optional): When the budget cannot hold
+                ``size_hint`` even after eviction: None produces a private
+                temp file for this caller; a number of seconds waits that
+                long for room (then :class:`CacheBudgetError`) and
+                publishes, for a caller that produces for other readers.
+                A write that outgrows ``size_hint`` waits as long for the
+                room it needs (``_ROOM_WAIT_SECONDS`` when None).
 
         Returns:
             StoreEntry: ``admitted=True``: the published entry;
@@ -434,21 +450,23 @@ class NodeStore:
             if os.path.exists(path):
                 self._counters.add(namespace, 'waited')
                 return StoreEntry(path, admitted=True)
+            entry = (namespace, key, digest)
             try:
-                reservation = self._reserve(size_hint,
-                                            entry=(namespace, key, digest))
+                reservation = self._reserve(size_hint, entry=entry)
             except CacheBudgetError:
-                return self._produce_private(namespace, produce, size_hint,
-                                             validate)
-            try:
-                with reservation:
-                    temp = self._write_temp(produce, reservation, validate)
-                    self._publish(reservation, temp, EntryRow(
-                        digest, namespace, key, 0, time.time()))
-            except CacheBudgetError:
-                # It outgrew what eviction can free: serve it unpublished.
-                return self._produce_private(namespace, produce, size_hint,
-                                             validate)
+                if room_wait is None:
+                    return self._produce_private(namespace, produce,
+                                                 size_hint, validate)
+                reservation = self._reserve_waiting(size_hint, room_wait,
+                                                    entry)
+            with reservation:
+                # A write that outgrows the hint waits for the room it needs
+                # rather than starting again privately: the bytes are read
+                # from the remote once.
+                wait = _ROOM_WAIT_SECONDS if room_wait is None else room_wait
+                temp = self._write_temp(produce, reservation, validate, wait)
+                self._publish(reservation, temp, EntryRow(
+                    digest, namespace, key, 0, time.time()))
         self._counters.add(namespace, 'produced')
         return StoreEntry(path, admitted=True)
 
@@ -488,23 +506,24 @@ class NodeStore:
         reservation = self._reserve_waiting(size_hint)
         try:
             temp = self._write_temp(produce, reservation, validate,
-                                    wait=_PRIVATE_WAIT_SECONDS)
+                                    wait=_ROOM_WAIT_SECONDS)
         except BaseException:
             reservation.release()
             raise
         return StoreEntry(temp, admitted=False, reservation=reservation)
 
     def _reserve_waiting(self, nbytes: int,
-                         timeout: float = _PRIVATE_WAIT_SECONDS) -> \
+                         timeout: float = _ROOM_WAIT_SECONDS,
+                         entry: Optional[Tuple[str, str, str]] = None) -> \
             'Reservation':
         """Reserve, first without evicting, then waiting for releases."""
         with contextlib.suppress(CacheBudgetError):
-            return self.reserve(nbytes, evict=False)
+            return self._reserve(nbytes, evict=False, entry=entry)
         deadline = time.monotonic() + timeout
         delay = 0.01
         while True:
             try:
-                return self.reserve(nbytes)
+                return self._reserve(nbytes, entry=entry)
             except CacheBudgetError:
                 if nbytes > self.limit or time.monotonic() > deadline:
                     raise

@@ -19,7 +19,7 @@ from .process_owner import current_owner, owner_file_name
 
 COUNTER_NAMES = ('hits', 'misses', 'produced', 'waited', 'bypassed',
                  'evicted_entries', 'evicted_bytes', 'produced_bytes',
-                 'wait_us')
+                 'wait_us', 'corrupt')
 MAX_NAMESPACES = 32
 _SUFFIX = '.counters'
 

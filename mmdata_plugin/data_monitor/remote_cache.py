@@ -1,7 +1,8 @@
 """The node cache of remote data in DataMonitor reports: hit rate, remote
-bytes, remote wait per batch, downloads in flight, evictions, and advice
-that names ``cache_limit``, ``prefetch_reserve`` or ``max_inflight`` with a
-value when one of them holds training back.
+bytes, remote wait per batch, downloads in flight, evictions, bodies
+rejected as corrupt, and advice that names ``cache_limit``,
+``prefetch_reserve`` or ``max_inflight`` with a value when one of them holds
+training back.
 
 :func:`add_remote_cache` is the one entry point; the hook calls it on every
 report it builds. Counters are the node store's (summed over the node's
@@ -51,6 +52,7 @@ def remote_cache_summary(dataset, batches: int) -> Optional[dict]:
         downloads=remote.get('produced', 0),
         evicted_entries=remote.get('evicted_entries', 0),
         evicted_bytes=remote.get('evicted_bytes', 0),
+        corrupt=remote.get('corrupt', 0),
         wait_ms_per_batch=reads.get('wait_us', 0) / 1e3 / max(batches, 1),
         prefetcher=None)
     try:
@@ -69,7 +71,8 @@ def format_remote_cache(summary: dict) -> str:
             f"remote, {summary['wait_ms_per_batch']:.1f} ms per batch), "
             f"{format_size(summary['remote_bytes'])} downloaded in "
             f"{summary['downloads']} requests, "
-            f"{summary['evicted_entries']} evicted; "
+            f"{summary['evicted_entries']} evicted, "
+            f"{summary['corrupt']} corrupt bodies rejected; "
             f"{format_size(summary['committed_bytes'])} of "
             f"{format_size(summary['limit'])} used")
     status = summary['prefetcher']

@@ -4,7 +4,7 @@ Importing this package registers the backends, so configs choose them with
 ``backend_args`` or by a path's prefix (see :mod:`.registration`).
 """
 from .errors import (RemoteAccessDeniedError, RemoteChangedError,
-                     RemoteIOError, RemoteNotFoundError,
+                     RemoteCorruptError, RemoteIOError, RemoteNotFoundError,
                      RemoteUnavailableError, RetryableError)
 from .http_backend import HTTPRemoteBackend
 from .registration import register_remote_backends
@@ -15,7 +15,8 @@ from .s3_backend import S3Backend, split_s3_url
 register_remote_backends()
 
 __all__ = [
-    'RemoteAccessDeniedError', 'RemoteChangedError', 'RemoteIOError',
+    'RemoteAccessDeniedError', 'RemoteChangedError', 'RemoteCorruptError',
+    'RemoteIOError',
     'RemoteNotFoundError', 'RemoteUnavailableError', 'RetryableError',
     'HTTPRemoteBackend', 'register_remote_backends', 'RemoteBackend',
     'RemoteBody', 'RemoteStat', 'RetryPolicy', 'S3Backend', 'split_s3_url'

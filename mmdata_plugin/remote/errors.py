@@ -48,6 +48,11 @@ class RemoteChangedError(RemoteIOError):
     """The object is not the one expected: its size or ETag changed."""
 
 
+class RemoteCorruptError(RemoteIOError):
+    """The bytes received do not match the object's checksum (its ETag
+    when that is an MD5): damaged on the way; a new download may succeed."""
+
+
 class RemoteUnavailableError(RemoteIOError):
     """Retryable failures (5xx, timeouts, resets, truncated bodies,
     unreachable host) persisted through every attempt."""

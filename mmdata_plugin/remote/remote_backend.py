@@ -7,9 +7,11 @@ with bounded retries, streaming downloads checked against the announced
 length, ETag validation and one client per process.
 """
 import abc
+import hashlib
 import io
 import os
 import os.path as osp
+import re
 import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -18,12 +20,17 @@ from typing import (BinaryIO, Callable, Generator, Iterator, Optional, Tuple,
 
 from mmengine.fileio.backends import BaseStorageBackend
 
-from .errors import (RemoteChangedError, RemoteIOError, RemoteNotFoundError,
-                     RetryableError)
+from .errors import (RemoteChangedError, RemoteCorruptError, RemoteIOError,
+                     RemoteNotFoundError, RetryableError)
 from .retry import RetryPolicy
 
 # Bytes per read of a streamed body.
 CHUNK_SIZE = 1 << 16
+# Downloads of an object whose bytes failed their checksum, in all.
+CORRUPT_ATTEMPTS = 3
+# A strong ETag that is the body's MD5 (S3 single-part objects, most HTTP
+# servers); S3 multipart ETags ("<md5>-<parts>") and weak ones are not.
+_MD5_ETAG = re.compile(r'"?([0-9a-fA-F]{32})"?')
 
 
 @dataclass(frozen=True)
@@ -81,6 +88,7 @@ class RemoteBackend(BaseStorageBackend):
         self.retry = RetryPolicy(retries, backoff, max_backoff)
         self.requests_made = 0
         self.bytes_read = 0
+        self.corrupt_bodies = 0
         self._client_handle = None
         self._client_pid: Optional[int] = None
 
@@ -140,7 +148,10 @@ class RemoteBackend(BaseStorageBackend):
         fewer bytes than its ``Content-Length``) is resumed with a range
         request from the first missing byte, and only if the object still
         has the size and ETag of the first answer; so the file ends up with
-        exactly the object's bytes, or the call raises.
+        exactly the object's bytes, or the call raises. A whole object
+        whose ETag is an MD5 is checked against it; on a mismatch a
+        seekable ``fileobj`` is rewritten from a new download (up to
+        ``CORRUPT_ATTEMPTS`` in all), any other raises.
 
         Args:
             filepath: The URL.
@@ -155,11 +166,26 @@ class RemoteBackend(BaseStorageBackend):
         Raises:
             RemoteChangedError: The object is not ``expect`` or changed
                 between attempts.
+            RemoteCorruptError: The bytes do not match the ETag's MD5.
             RemoteNotFoundError, RemoteAccessDeniedError, RemoteIOError:
                 Final answers of the server.
             RemoteUnavailableError: Every attempt failed retryably.
         """
         url = str(filepath)
+        attempts = 1
+        while True:
+            try:
+                return self._download_once(url, fileobj, expect, span)
+            except RemoteCorruptError:
+                self.corrupt_bodies += 1
+                if attempts == CORRUPT_ATTEMPTS or not _rewind(fileobj):
+                    raise
+            attempts += 1
+
+    def _download_once(self, url: str, fileobj: BinaryIO,
+                       expect: Optional[RemoteStat],
+                       span: Optional[Tuple[int, int]]) -> RemoteStat:
+        """:meth:`download` from a first request, checked once complete."""
         progress = _Progress(url, span)
 
         def attempt() -> RemoteStat:
@@ -169,14 +195,17 @@ class RemoteBackend(BaseStorageBackend):
             try:
                 _check_expected(url, body, expect or progress.stat)
                 if progress.stat is None:
-                    progress.stat = _first_answer(body, expect)
+                    progress.answered(_first_answer(body, expect))
+                    _announce(fileobj, progress.needed(), span)
                 self._copy(url, body, progress, fileobj)
                 complete = True
             finally:
                 body.close(complete)
             return progress.stat
 
-        return self.retry.call(attempt, url)
+        stat = self.retry.call(attempt, url)
+        progress.verify()
+        return stat
 
     def _copy(self, url: str, body: RemoteBody, progress: '_Progress',
               fileobj: BinaryIO) -> None:
@@ -199,7 +228,7 @@ class RemoteBackend(BaseStorageBackend):
                                   position:None if end is None else end -
                                   position]
                     fileobj.write(piece)
-                    progress.position += len(piece)
+                    progress.wrote(piece)
                 position = chunk_end
         finally:
             self.bytes_read += received
@@ -284,6 +313,32 @@ class _Progress:
         self.span = span
         self.position = span[0] if span else 0
         self.stat: Optional[RemoteStat] = None
+        self._md5 = None
+
+    def answered(self, stat: RemoteStat) -> None:
+        """The first answer's size and ETag; an MD5 ETag of a whole
+        object is checked once the bytes are in."""
+        self.stat = stat
+        whole = self.span is None or (self.span[0] == 0
+                                      and self.span[1] >= stat.size >= 0)
+        etag = stat.etag or ''
+        if whole and _MD5_ETAG.fullmatch(etag):
+            self._md5 = hashlib.md5()
+
+    def wrote(self, piece: bytes) -> None:
+        self.position += len(piece)
+        if self._md5 is not None:
+            self._md5.update(piece)
+
+    def verify(self) -> None:
+        if self._md5 is None:
+            return
+        expected = _MD5_ETAG.fullmatch(self.stat.etag).group(1).lower()
+        got = self._md5.hexdigest()
+        if got != expected:
+            raise RemoteCorruptError(
+                self.url, f'the body received has MD5 {got}, its ETag '
+                f'{self.stat.etag} says {expected}: damaged in transit')
 
     @property
     def end(self) -> Optional[int]:
@@ -307,6 +362,25 @@ class _Progress:
             return self.span
         needed = self.needed()
         return (self.position, needed - self.position)
+
+
+def _rewind(fileobj) -> bool:
+    """Empty a seekable sink for a new download; False if it cannot be."""
+    seekable = getattr(fileobj, 'seekable', None)
+    if not callable(seekable) or not seekable():
+        return False
+    fileobj.seek(0)
+    fileobj.truncate()
+    return True
+
+
+def _announce(fileobj, needed: Optional[int],
+              span: Optional[Tuple[int, int]]) -> None:
+    """Tell a sink that can make room (a node store's writer) how many
+    bytes come, before any is read."""
+    will_write = getattr(fileobj, 'will_write', None)
+    if needed is not None and callable(will_write):
+        will_write(needed - (span[0] if span else 0))
 
 
 def _first_answer(body: RemoteBody,

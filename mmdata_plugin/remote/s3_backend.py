@@ -1,8 +1,8 @@
 """s3:// objects through boto3: AWS S3, MinIO, Ceph RGW and other S3 APIs."""
 from typing import Iterator, Optional, Tuple, Union
 
-from .errors import (RemoteAccessDeniedError, RemoteIOError, RetryableError,
-                     error_for_status)
+from .errors import (RemoteAccessDeniedError, RemoteCorruptError,
+                     RemoteIOError, RetryableError, error_for_status)
 from .remote_backend import CHUNK_SIZE, RemoteBackend, RemoteBody, RemoteStat
 
 
@@ -224,6 +224,10 @@ def _classify(url: str, error: Exception) -> Exception:
         if code in _RETRYABLE_CODES:
             return RetryableError(f'S3 {code} (HTTP {status})')
         return error_for_status(url, status, code)
+    if isinstance(error, boto_errors.FlexibleChecksumError):
+        # botocore checks the x-amz-checksum-* an object carries as the
+        # body streams in.
+        return RemoteCorruptError(url, f'{error}: damaged in transit')
     if isinstance(error, (boto_errors.NoCredentialsError,
                           boto_errors.PartialCredentialsError)):
         return RemoteAccessDeniedError(

@@ -15,6 +15,11 @@ import numpy as np
 
 #: Next use of a sample read no more within the known future.
 NEVER = -1
+#: Next use of a sample read again beyond the look-ahead (tick unknown):
+#: later than every known next use, so such samples are kept only in room
+#: nothing sooner needs, and dropped first (for one shuffled stream that
+#: is keep-a-fixed-set, its optimum). Read while kept, it is a hit.
+BEYOND = 1 << 62
 
 
 class Decision(NamedTuple):
@@ -69,6 +74,18 @@ class BeladyCache:
         self.used += size
         heapq.heappush(self._heap, (-until, sample))
 
+    def resize(self, capacity: int) -> List[int]:
+        """Set the capacity to ``capacity``; the samples dropped to fit,
+        those needed furthest ahead first."""
+        self.capacity = int(capacity)
+        dropped = []
+        while self.used > self.capacity:
+            _, sample = self._furthest()
+            heapq.heappop(self._heap)
+            self._discard(sample)
+            dropped.append(sample)
+        return dropped
+
     def kept_by_next_use(self):
         """Kept samples, the one needed furthest ahead first."""
         return sorted(self.until, key=self.until.get, reverse=True)
@@ -77,7 +94,7 @@ class BeladyCache:
                next_use: int) -> Decision:
         """Read ``sample`` at ``tick``; ``next_use`` is its next tick or
         :data:`NEVER`."""
-        hit = self.until.get(sample) == tick
+        hit = self.until.get(sample) in (tick, BEYOND)
         if sample in self.until:
             self._discard(sample)
         if next_use == NEVER:

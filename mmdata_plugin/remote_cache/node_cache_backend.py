@@ -26,6 +26,8 @@ from mmengine.fileio import get_file_backend
 from mmengine.fileio.backends import BaseStorageBackend, register_backend
 
 from ..cache.node_store import NodeStore, StoreEntry
+from ..remote.errors import RemoteCorruptError
+from ..remote.remote_backend import CORRUPT_ATTEMPTS
 from .read_once import ReadOnceMarks
 
 #: Store namespace of downloaded files.
@@ -154,12 +156,21 @@ class RemoteReader:
               url: str,
               size_hint: Optional[int] = None,
               admit: bool = True,
-              wanted: Optional[Callable[[], bool]] = None) -> StoreEntry:
+              wanted: Optional[Callable[[], bool]] = None,
+              room_wait: Optional[float] = None) -> StoreEntry:
         """The store entry of ``url``, downloaded once if missing.
+
+        Bytes that fail their checksum (see
+        :meth:`~mmdata_plugin.remote.RemoteBackend.download`) are never
+        published: counted as ``corrupt`` and downloaded again, up to
+        ``CORRUPT_ATTEMPTS`` in all, then :class:`RemoteCorruptError`.
 
         ``wanted`` is asked when the download would start (after waiting
         for another process producing the same file): False raises
         :class:`DownloadNotWanted` instead of downloading.
+        ``room_wait`` seconds are waited for room in a full budget instead
+        of downloading a private copy (for a download nobody reads now; see
+        :meth:`~mmdata_plugin.cache.node_store.NodeStore.get_or_produce`).
         """
 
         def produce(file) -> None:
@@ -177,8 +188,18 @@ class RemoteReader:
         # A reservation that outgrows the hint is grown while writing.
         hint = min(self.size_hint if size_hint is None else size_hint,
                    self.store.limit)
-        return self.store.get_or_produce(NAMESPACE, url, produce, hint,
-                                         admit=admit)
+        attempts = 1
+        while True:
+            try:
+                return self.store.get_or_produce(NAMESPACE, url, produce,
+                                                 hint, admit=admit,
+                                                 room_wait=room_wait)
+            except RemoteCorruptError:
+                # The store kept nothing of it; a new download may be whole.
+                self.store.count(NAMESPACE, 'corrupt')
+                if attempts == CORRUPT_ATTEMPTS:
+                    raise
+            attempts += 1
 
 
 @register_backend('node_cache')

@@ -36,6 +36,7 @@ from typing import Callable, Dict, List, Optional
 
 from mmengine.logging import print_log
 
+from ..cache.node_store import CacheBudgetError
 from ..sample_order.node_stream import NodeStream
 from .consumption_cursors import CursorReader
 from .node_cache_backend import (NAMESPACE, DownloadNotWanted, RemoteReader,
@@ -48,6 +49,14 @@ from .window_ahead import EnteringSamples
 _SIZE_PROBES = 4
 #: Fewest samples the reserve stages (below it nothing is read ahead).
 _MIN_STAGED = 4
+#: Largest share of the budget an automatic reserve takes (when it holds
+#: more than _MIN_STAGED samples): the rest keeps samples for hits.
+RESERVE_SHARE = 0.05
+#: Relative change of the needed reserve that resizes it.
+_RESIZE_STEP = 0.25
+#: Seconds a download waits for room in a full budget before it leaves
+#: the file to its reader (readers waiting on it wait as long).
+_ROOM_WAIT = 2.0
 #: Seconds a file nobody planned stays out of the eviction order's front.
 _JUST_PUBLISHED = 2.0
 #: Reads ahead of the plan remembered until the plan decides them.
@@ -68,8 +77,9 @@ class NodePrefetcher:
         cursors (CursorReader): The positions of the node's ranks.
         reserve (int, optional): Bytes of the budget for files downloaded
             ahead of their read and not kept (the plan keeps samples in
-            ``limit - reserve``). None sizes it at :meth:`start`:
-            ``max_inflight`` samples, at most a quarter of the limit.
+            ``limit - reserve``). None sizes it by Little's law and resizes
+            it as rates are measured (:meth:`needed_reserve`), at most
+            ``RESERVE_SHARE`` of the limit.
         readahead (int): Ticks the node's DataLoaders read ahead of the
             loops (decided and downloading whatever the in-flight target).
         max_inflight (int): Most downloads at once.
@@ -96,6 +106,7 @@ class NodePrefetcher:
         self.sample_urls = sample_urls
         self.cursors = cursors
         self.reserve = None if reserve is None else int(reserve)
+        self.auto_reserve = reserve is None
         self.readahead = int(readahead)
         self.max_inflight = int(max_inflight)
         self.stop = stop
@@ -134,6 +145,7 @@ class NodePrefetcher:
                           if EnteringSamples.applies(stream) else None)
         self._booked_ahead = set()
         self._mean_size = float(reader.size_hint or 1 << 16)
+        self._largest_size = 0
         self._pool = ThreadPoolExecutor(max_inflight, 'node-prefetch')
         self._inflight = 0
         self._downloading = set()
@@ -146,7 +158,7 @@ class NodePrefetcher:
         self._miss_share = 1.0
         self._last = None
         self.stats = dict(planned=0, planned_hits=0, downloads=0,
-                          refetched=0, not_admitted=0, failed=0,
+                          refetched=0, failed=0, no_room=0,
                           evicted_by_plan=0, freed_at_read=0,
                           read_before_planned=0, read_before_download=0,
                           reserve_full=0,
@@ -164,6 +176,14 @@ class NodePrefetcher:
             count = len(self._sizes)
             self._mean_size += (size - self._mean_size) / (count + 1)
         self._sizes[sample] = size
+        self._largest_size = max(self._largest_size, size)
+
+    def _download_hint(self, sample: int) -> int:
+        """Bytes reserved before downloading ``sample``: its size, else the
+        largest seen (a hint the file outgrows waits for room while its
+        reader may be waiting on it)."""
+        return self._sizes.get(sample) or max(self._largest_size,
+                                              int(self._mean_size))
 
     def _present(self, urls: List[str]) -> bool:
         return all(
@@ -207,12 +227,37 @@ class NodePrefetcher:
             for sample in self.planner.cache.until:
                 self._book(sample)
 
+    def needed_reserve(self) -> int:
+        """Bytes the files read ahead and not kept need (Little's law):
+        the window's ticks (read-ahead plus measured rate x latency) that
+        miss, plus the margin of two samples :meth:`_decide_ahead` keeps;
+        at least ``_MIN_STAGED`` samples, at most ``RESERVE_SHARE`` of the
+        limit when that holds them."""
+        mean = int(self._mean_size)
+        staged = math.ceil(self.window() * self._miss_share) + 2
+        floor = _MIN_STAGED * mean
+        cap = max(floor, int(self.store.limit * RESERVE_SHARE))
+        return min(max(staged * mean, floor), cap)
+
+    def _resize_reserve(self) -> List[str]:
+        """Follow :meth:`needed_reserve` when it moved by more than
+        ``_RESIZE_STEP``; the files of kept samples the smaller plan
+        capacity drops."""
+        needed = self.needed_reserve()
+        if abs(needed - self.reserve) <= _RESIZE_STEP * self.reserve:
+            return []
+        self.reserve = needed
+        gone = []
+        for victim in self.planner.cache.resize(self.store.limit - needed):
+            gone += self._drop(victim)
+        return gone
+
     def _sized_reserve(self) -> int:
         """The reserve in bytes, now that the mean sample size is known."""
         limit, mean = self.store.limit, int(self._mean_size)
         floor = _MIN_STAGED * mean
         if self.reserve is None:
-            return min(max(self.max_inflight * mean, floor), limit // 4)
+            return self.needed_reserve()
         if self.reserve < floor:
             print_log(
                 f'Remote cache: prefetch_reserve={self.reserve} bytes holds '
@@ -480,6 +525,8 @@ class NodePrefetcher:
         with self._lock:
             self.position = max(self.position, position)
             self._measure(self.position)
+            if self.auto_reserve:
+                self._leaving.update(self._resize_reserve())
             self._leaving.update(self._take_reads())
             self._leaving.update(self._release_consumed())
             downloads = self._decide_ahead() + self._fetch_entering()
@@ -555,7 +602,7 @@ class NodePrefetcher:
             return None
         self._inflight += 1
         self._downloading.add(sample)
-        return sample, urls, self.size_of(sample)
+        return sample, urls, self._download_hint(sample)
 
     def _fetch_entering(self) -> tuple:
         """Downloads of samples entering the next epoch's window, at low
@@ -610,14 +657,13 @@ class NodePrefetcher:
                     entry = self.reader.fetch(
                         url,
                         size // max(len(urls), 1),
-                        wanted=lambda url=url: self._still_needed(sample, url))
+                        wanted=lambda url=url: self._still_needed(sample, url),
+                        room_wait=_ROOM_WAIT)
                 except DownloadNotWanted:
                     sized = False
                     continue
                 fetched += 1
                 with entry:
-                    if not entry.admitted:
-                        self.stats['not_admitted'] += 1
                     try:
                         total += os.path.getsize(entry.path)
                     except FileNotFoundError:
@@ -630,6 +676,12 @@ class NodePrefetcher:
                                      (time.perf_counter() - start))
                 if fetched and sized:
                     self._learn_size(sample, total)
+        except CacheBudgetError:
+            # No room within _ROOM_WAIT (the budget holds what reads
+            # before this one need): no body was read, its reader
+            # downloads it on demand, once.
+            with self._lock:
+                self.stats['no_room'] += 1
         except Exception as error:  # the reader's own read reports it
             with self._lock:
                 self.stats['failed'] += 1

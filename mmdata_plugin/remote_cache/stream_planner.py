@@ -4,15 +4,19 @@ The planner walks the node's future stream (:class:`~.NodeStream`)
 ahead of the readers and decides, per tick, whether the read is served by a
 kept copy (hit) or needs a download, and what is kept afterwards
 (:class:`~.belady.BeladyCache`). Next uses are looked up within a
-``horizon`` of ticks: a sample not read again within it counts as never
-read again (with a horizon of two epochs, every reuse is seen).
+``horizon`` of ticks. A sample not read again within it is never read
+again when the look-ahead reaches the stop or the end of the epoch after
+the next (each epoch reads a sample at most once); otherwise it is read
+again beyond the look-ahead (:data:`~.belady.BEYOND`): kept in room no
+sooner read sample needs, so a horizon shorter than an epoch (a data set
+of billions of samples) still keeps a fixed set rather than nothing.
 """
 from typing import Callable, Iterable, Optional
 
 import numpy as np
 
 from ..sample_order.node_stream import NodeStream
-from .belady import NEVER, BeladyCache, Decision, next_uses
+from .belady import BEYOND, NEVER, BeladyCache, Decision, next_uses
 
 
 class StreamPlanner:
@@ -58,12 +62,25 @@ class StreamPlanner:
     def _load_block(self) -> None:
         start = self.tick
         known = self._end(start + self._block) - start
-        ids = self.stream.ids(start, self._end(start + self._block +
-                                               self.horizon))
+        seen_to = self._end(start + self._block + self.horizon)
+        ids = self.stream.ids(start, seen_to)
         following = next_uses(ids, known)
-        self._next = np.where(following == NEVER, NEVER, following + start)
+        self._next = np.where(following == NEVER,
+                              self._unseen(start + known - 1, seen_to),
+                              following + start)
         self._ids = ids[:known]
         self._block_start = start
+
+    def _unseen(self, last: int, seen_to: int) -> int:
+        """Next use of a sample read up to tick ``last`` and not again
+        before ``seen_to``."""
+        if self.stop is not None and seen_to >= self.stop:
+            return NEVER
+        if not self.stream.endless:
+            epoch, _ = self.stream.epoch_of(last)
+            if seen_to >= self.stream.epoch_start(epoch + 2):
+                return NEVER
+        return BEYOND
 
     def lookahead(self, count: int) -> np.ndarray:
         """Sample ids of the next ``count`` undecided ticks (fewer at the

@@ -8,8 +8,9 @@ This is a threaded stdlib HTTP/1.1 server with those knobs:
 - ``latency``: seconds added before every response (time to first byte);
 - ``bandwidth``: bytes/s shared by all connections (one token bucket);
 - ``fault_rate``: the fraction of requests that fail, as 5xx answers,
-  stalls without an answer (client timeouts) or bodies cut short of their
-  ``Content-Length``; which request fails is a pure function of
+  stalls without an answer (client timeouts), bodies cut short of their
+  ``Content-Length`` or (when asked for) bodies with one byte flipped;
+  which request fails is a pure function of
   ``(seed, method, path, n-th request for that path)``, so a run is
   reproducible whatever the thread interleaving, and a retry of a failed
   request draws again;
@@ -35,7 +36,9 @@ from dataclasses import dataclass, field
 from typing import Dict, Mapping, Optional, Sequence, Tuple, Union
 from urllib.parse import unquote, urlsplit
 
-FAULT_KINDS = ('5xx', 'timeout', 'truncated')
+FAULT_KINDS = ('5xx', 'timeout', 'truncated', 'corrupt')
+# Drawn when no kinds are given ('corrupt' only when asked for).
+DEFAULT_FAULT_KINDS = ('5xx', 'timeout', 'truncated')
 # Status codes an injected '5xx' fault answers with, chosen per request.
 _FAULT_STATUSES = (500, 502, 503, 504)
 _CHUNK = 64 * 1024
@@ -82,13 +85,15 @@ class FaultPlan:
         kinds (Sequence[str]): Fault kinds drawn uniformly among those
             given: ``'5xx'``, ``'timeout'`` (the server stalls without
             answering), ``'truncated'`` (the body stops short of its
-            ``Content-Length`` and the connection closes).
+            ``Content-Length`` and the connection closes), ``'corrupt'``
+            (the whole body with one byte flipped, under the true ETag).
+            Default: all but ``'corrupt'``.
         seed (int): Seed of the draw.
     """
 
     def __init__(self,
                  rate: float = 0.0,
-                 kinds: Sequence[str] = FAULT_KINDS,
+                 kinds: Sequence[str] = DEFAULT_FAULT_KINDS,
                  seed: int = 0) -> None:
         if not 0.0 <= rate <= 1.0:
             raise ValueError(f'fault_rate must be in [0, 1], got {rate}')
@@ -238,6 +243,20 @@ class _Objects:
         return st.st_size, etag, read
 
 
+def _flip_byte(read, offset: int):
+    """``read`` with the byte at ``offset`` of the object inverted."""
+
+    def flipped(start: int, n: int) -> bytes:
+        data = read(start, n)
+        if start <= offset < start + len(data):
+            data = bytearray(data)
+            data[offset - start] ^= 0xFF
+            data = bytes(data)
+        return data
+
+    return flipped
+
+
 class _Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = 'HTTP/1.1'
     disable_nagle_algorithm = True
@@ -265,7 +284,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             if owner.latency > 0:
                 owner._stop.wait(owner.latency)
             fault = owner.faults.draw(self.command, key, attempt)
-            if fault == 'truncated' and not send_body:
+            if fault in ('truncated', 'corrupt') and not send_body:
                 fault = None
             if fault is not None:
                 owner._count_fault(fault)
@@ -308,6 +327,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 return
             if fault == 'truncated':
                 self.close_connection = True
+            if fault == 'corrupt':
+                read = _flip_byte(read, start + length // 2)
             self._send_body(key, read, start,
                             length // 2 if fault == 'truncated' else length,
                             length)
@@ -430,7 +451,8 @@ class LoopbackHTTPServer:
             None for no cap.
         fault_rate (float): Fraction of requests that fail. Default: 0.
         fault_kinds (Sequence[str]): Among ``'5xx'``, ``'timeout'``,
-            ``'truncated'``. Default: all three.
+            ``'truncated'``, ``'corrupt'``. Default: all but
+            ``'corrupt'``.
         seed (int): Seed of the fault draws. Default: 0.
         stall (float): Seconds a ``'timeout'`` fault holds the request
             before dropping the connection. Default: 5.
@@ -455,7 +477,7 @@ class LoopbackHTTPServer:
                  latency: float = 0.0,
                  bandwidth: Optional[float] = None,
                  fault_rate: float = 0.0,
-                 fault_kinds: Sequence[str] = FAULT_KINDS,
+                 fault_kinds: Sequence[str] = DEFAULT_FAULT_KINDS,
                  seed: int = 0,
                  stall: float = 5.0,
                  required_headers: Optional[Dict[str, str]] = None,

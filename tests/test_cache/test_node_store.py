@@ -343,24 +343,33 @@ def test_bypass_private_file_counts_until_released(tmp_path):
     assert store.usage().inflight_bytes == 0
 
 
-def test_a_write_outgrowing_a_full_budget_waits_for_room(tmp_path):
-    # A download of unknown size reserves nothing and grows while it
-    # streams. With the budget held by what no policy may evict, the growth
-    # used to raise CacheBudgetError out of the read; now the bytes are
-    # served from a private file that waits until room is released.
+@pytest.mark.parametrize('size_hint, room_wait', [(0, None), (1000, 5.0)])
+def test_a_write_into_a_full_budget_waits_for_room(tmp_path, size_hint,
+                                                    room_wait):
+    # With the budget held by what no policy may evict: a download of
+    # unknown size (hint 0) outgrows its reservation and its growth waits
+    # for room (it used to start again into a private file: a second
+    # download); a producer for other readers (room_wait, the prefetcher)
+    # waits for its reservation instead of producing a private copy.
+    # Either is produced once and published.
     store = NodeStore(str(tmp_path / 'c'), 3000,
                       eviction_policy=lambda nbytes: iter(()))
     held = store.reserve(2500)
     threading.Timer(0.3, held.release).start()
     data = _payload('late', 1000)
-    with store.get_or_produce('remote', 'late',
-                              lambda f: f.write(data), 0) as entry:
-        assert not entry.admitted
-        with open(entry.path, 'rb') as file:
-            assert file.read() == data
-        assert store.usage().inflight_bytes >= 1000
+    produced = []
+
+    def produce(file):
+        produced.append(1)
+        file.write(data)
+
+    with store.get_or_produce('remote', 'late', produce, size_hint,
+                              room_wait=room_wait) as entry:
+        assert entry.admitted
+    assert produced == [1]
+    assert store.read_bytes('remote', 'late') == data
     assert store.usage().inflight_bytes == 0
-    assert store.counters('remote')['bypassed'] == 1
+    assert store.counters('remote')['bypassed'] == 0
 
 
 def test_threads_share_one_store(tmp_path):

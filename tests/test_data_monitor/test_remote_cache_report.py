@@ -13,7 +13,7 @@ def summary(hits=600, misses=400, **status):
     return dict(cache_dir='/nvme/cache', limit=200 * MB,
                 committed_bytes=150 * MB, hits=hits, misses=misses,
                 hit_ratio=hits / (hits + misses), remote_bytes=40 * MB,
-                downloads=400, evicted_entries=10, evicted_bytes=MB,
+                downloads=400, evicted_entries=10, evicted_bytes=MB, corrupt=2,
                 wait_ms_per_batch=12.5, prefetcher=gauges)
 
 
@@ -24,7 +24,8 @@ def report(wait_share):
 def test_line_names_every_figure():
     line = format_remote_cache(summary())
     for part in ('60.0% of reads local', '12.5 ms per batch', '40.0 MiB',
-                 '400 requests', '10 evicted', '3 in flight', 'max 64'):
+                 '400 requests', '10 evicted', '2 corrupt bodies rejected',
+                 '3 in flight', 'max 64'):
         assert part in line
 
 

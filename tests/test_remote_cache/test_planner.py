@@ -385,3 +385,20 @@ def test_stock_iteration_loop_positions_follow_the_epochs(drop_last):
                 stream.epoch_start(epoch) + read, (epoch, iteration)
             iteration += 1
     assert iteration > 12  # five epochs of a growing window
+
+
+def test_a_horizon_far_shorter_than_an_epoch_keeps_a_fixed_set():
+    # A data set of billions of samples, scaled down: the look-ahead
+    # (about an eighth of an epoch) sees no reuse. Belady and keeping a
+    # fixed set both hit 25% from epoch 2 on; counting unseen next uses
+    # as never read again hit ~1%.
+    count, epochs = 40_000, 3
+    samplers = _samplers(RankShardedSampler, count, 1)
+    stream = NodeStream(sample_order_of(BatchSampler(samplers[0], 1, False),
+                                        1), 1, 0, 1)
+    ticks = epochs * stream.epoch_ticks
+    planner = StreamPlanner(stream, count // 4, lambda sample: 1,
+                            stop=ticks, horizon=1024)
+    hits = [decision.hit for decision in iter(planner.decide, None)]
+    later = hits[stream.epoch_ticks:]
+    assert sum(later) >= 0.95 * 0.25 * len(later)

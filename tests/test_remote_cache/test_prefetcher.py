@@ -1,6 +1,7 @@
 """The node prefetcher driven by hand: plan, downloads, pins, budget."""
 import os
 import time
+from collections import Counter
 from unittest import mock
 
 import numpy as np
@@ -17,6 +18,7 @@ from mmdata_plugin.remote_cache.node_cache_backend import (NAMESPACE, READS,
                                                            RemoteReader)
 from mmdata_plugin.remote_cache.prefetcher import _SIZE_PROBES, NodePrefetcher
 from mmdata_plugin.sample_order import NodeStream, sample_order_of
+from mmdata_plugin.testing import LoopbackHTTPServer
 
 SIZE = 1000
 
@@ -40,31 +42,38 @@ def make_stream(count, world_size=1):
 
 
 def build(tmp_path, count=120, limit=40 * SIZE, reserve=10 * SIZE,
-          readahead=8, epochs=3, token=1, start_stream=None, urls=None):
+          readahead=8, epochs=3, token=1, start_stream=None, urls=None,
+          remote=None, max_inflight=4):
     urls = urls or make_source(str(tmp_path / 'remote'), count)
     cache_dir = str(tmp_path / 'cache')
     store = NodeStore(cache_dir, limit)
     stream = start_stream or make_stream(count)
     writer = CursorWriter(cache_dir, 0, token)
     prefetcher = NodePrefetcher(
-        RemoteReader(store, size_hint=SIZE), stream, urls,
+        RemoteReader(store, remote, size_hint=SIZE), stream, urls,
         CursorReader(cache_dir, [0], token), reserve=reserve,
-        readahead=readahead, max_inflight=4,
-        stop=epochs * stream.epoch_ticks, horizon=2 * stream.epoch_ticks)
+        readahead=readahead, max_inflight=max_inflight,
+        stop=stream.epoch_start(epochs),
+        horizon=2 * stream.epoch_ticks_of(epochs - 1))
     store.eviction_policy = prefetcher.victims
     return prefetcher, writer, urls, cache_dir, limit
 
 
+def read_file(path):
+    with open(path, 'rb') as file:
+        return file.read()
+
+
 def consume(prefetcher, writer, urls, cache_dir, limit, start, stop, batch=4,
-            settle=True):
+            settle=True, remote=None, expected=read_file):
     """A loop that reads a batch through the backend per iteration;
-    ``settle``: after the prefetcher's downloads of the window are done."""
-    backend = NodeCacheBackend(cache_dir, limit)
+    ``settle``: after the prefetcher's downloads of the window are done;
+    ``expected(url)``: the bytes a read must return."""
+    backend = NodeCacheBackend(cache_dir, limit, remote=remote)
     stream = prefetcher.stream
     peak = 0
     for tick in range(start, stop, batch):
-        epoch, offset = divmod(tick, stream.epoch_ticks)
-        writer.publish(epoch, offset)
+        writer.publish(*stream.epoch_of(tick))
         prefetcher.poll()
         prefetcher.write_victims(cache_dir)
         while settle and (prefetcher.status()['inflight']
@@ -74,12 +83,10 @@ def consume(prefetcher, writer, urls, cache_dir, limit, start, stop, batch=4,
             prefetcher.poll()
         for sample in stream.ids(tick, min(tick + batch, stop)).tolist():
             for url in urls(sample):
-                with open(url, 'rb') as file:
-                    assert backend.get(url) == file.read()
+                assert backend.get(url) == expected(url)
         usage = prefetcher.store.usage()
         peak = max(peak, usage.committed_bytes + usage.inflight_bytes)
-    epoch, offset = divmod(stop, stream.epoch_ticks)
-    writer.publish(epoch, offset)
+    writer.publish(*stream.epoch_of(stop))
     prefetcher.poll()
     return peak
 
@@ -279,14 +286,49 @@ def test_the_store_never_evicts_a_kept_file_before_a_read_ahead(tmp_path):
     assert not offered & waiting
 
 
-def test_auto_reserve_is_max_inflight_samples(tmp_path):
-    prefetcher, writer, *_ = build(tmp_path, reserve=None)
+def test_auto_reserve_is_what_the_window_needs(tmp_path):
+    prefetcher, writer, *_ = build(tmp_path, reserve=None,
+                                   limit=2000 * SIZE)
     writer.publish(0, 0)
     prefetcher.poll()
+    # Nothing measured: the window (8 read ahead + 64 lead) all missing,
+    # plus two samples of margin.
+    assert prefetcher.reserve == 74 * SIZE
+    assert prefetcher.planner.cache.capacity == 1926 * SIZE
+    # Measured: 1000 ticks/s, 50 ms per download, 1 in 4 a miss: a window
+    # of 8 + 150 ticks, 40 of them downloads.
+    prefetcher._rate, prefetcher._latency = 1000.0, 0.05
+    prefetcher._miss_share = 0.25
+    assert prefetcher._resize_reserve() == []
+    assert prefetcher.reserve == 42 * SIZE
+    assert prefetcher.planner.cache.capacity == 1958 * SIZE
+    # Four times faster: capped at 5% of the budget; the kept sample read
+    # furthest ahead makes room.
+    prefetcher._rate = 4000.0
+    cache = prefetcher.planner.cache
+    cache.keep(10**6, 10**9, cache.capacity - cache.used)
+    prefetcher._urls[10**6] = []
+    prefetcher._resize_reserve()
+    assert prefetcher.reserve == 100 * SIZE
+    assert 10**6 not in cache.until and cache.used <= 1900 * SIZE
     prefetcher.close()
-    # 4 downloads in flight at most, of SIZE bytes, a quarter of 40.
-    assert prefetcher.reserve == 4 * SIZE
-    assert prefetcher.planner.cache.capacity == 36 * SIZE
+
+
+@pytest.mark.parametrize('budget_mb', [10, 25])
+def test_auto_reserve_is_a_small_share_of_small_budgets(tmp_path, budget_mb):
+    # 50 KB samples in a 10 MB / 25 MB budget, 64 downloads at most: the
+    # reserve used to be 64 samples, capped at a quarter of the budget.
+    limit = budget_mb * 20 * SIZE
+    prefetcher, writer, urls, cache_dir, _ = build(
+        tmp_path, reserve=None, limit=limit, max_inflight=64, epochs=1)
+    shares = []
+    for tick in range(0, prefetcher.stop, 16):
+        writer.publish(*divmod(tick, prefetcher.stream.epoch_ticks))
+        prefetcher.poll()
+        shares.append(prefetcher.reserve / limit)
+    prefetcher.close()
+    assert max(shares) <= 0.05
+    assert prefetcher.store.usage().committed_bytes <= limit
 
 
 def restart(first, cache_dir, urls, limit, token):
@@ -352,6 +394,18 @@ def _settle(prefetcher, done, seconds=20):
         prefetcher.poll()
 
 
+def growing_window_stream(count, batch):
+    """A window of 40 samples growing by 20 up to 80 (one rank)."""
+    with mock.patch(
+            'mmdata_plugin.datasets.rank_sharded_sampler.get_dist_info',
+            return_value=(0, 1)):
+        sampler = GrowingWindowSampler(
+            list(range(count)), initial=40, growth=20,
+            cache_limit=100 * SIZE, sample_bytes=SIZE, seed=3)
+    return sampler, NodeStream(
+        sample_order_of(BatchSampler(sampler, batch, False), 1), 1, 0, 1)
+
+
 @pytest.mark.parametrize('count', [200, 120])
 def test_growing_window_later_epochs_read_only_local_files(tmp_path, count):
     # Windows of 40, 60, 80, 80, 80, 80 samples; the budget holds the
@@ -359,15 +413,8 @@ def test_growing_window_later_epochs_read_only_local_files(tmp_path, count):
     # Of 120 samples, epoch 5 reads arrivals 0..19 again (they left at
     # epoch 3): the plan may keep them meanwhile instead.
     epochs, batch = 6, 4
-    with mock.patch(
-            'mmdata_plugin.datasets.rank_sharded_sampler.get_dist_info',
-            return_value=(0, 1)):
-        sampler = GrowingWindowSampler(
-            list(range(count)), initial=40, growth=20,
-            cache_limit=100 * SIZE, sample_bytes=SIZE, seed=3)
+    sampler, stream = growing_window_stream(count, batch)
     assert sampler.capacity == 80
-    stream = NodeStream(
-        sample_order_of(BatchSampler(sampler, batch, False), 1), 1, 0, 1)
     urls = make_source(str(tmp_path / 'remote'), count)
     cache_dir = str(tmp_path / 'cache')
     reserve = 8 * SIZE
@@ -456,3 +503,74 @@ def test_growing_window_later_epochs_read_only_local_files(tmp_path, count):
     assert stats['planned'] - stats['planned_hits'] == 40 - _SIZE_PROBES
     assert stats['refetched'] == stats['failed'] == 0
     assert stats['read_before_planned'] == 0
+
+
+def _serve_varying_sizes(count, mean, seed):
+    """Objects whose sizes vary around ``mean`` (the prefetcher's hint)."""
+    rng = np.random.default_rng(seed)
+    sizes = rng.integers(mean // 2, mean * 3 // 2, count)
+    return {f'{sample}.bin': rng.bytes(int(size))
+            for sample, size in enumerate(sizes)}
+
+
+@pytest.mark.parametrize('seed', range(6))
+def test_no_object_is_downloaded_twice_under_budget_pressure(tmp_path, seed):
+    # The plan at a tight budget, sizes varying around the hint, readers
+    # racing the prefetcher: each read costs at most one download, and
+    # every body downloaded is served (published or read privately).
+    objects = _serve_varying_sizes(80, SIZE, seed)
+    remote = dict(backend='remote_http')
+    with LoopbackHTTPServer(objects) as server:
+        urls = lambda sample: [server.url(f'{sample}.bin')]  # noqa: E731
+        prefetcher, writer, _, cache_dir, limit = build(
+            tmp_path, count=80, limit=12 * SIZE, reserve=6 * SIZE,
+            epochs=2, urls=urls, remote=remote)
+        consume(prefetcher, writer, urls, cache_dir, limit, 0,
+                prefetcher.stop, settle=False, remote=remote,
+                expected=lambda url: objects[url.rsplit('/', 1)[1]])
+        prefetcher.close()
+        stats = server.stats()
+    reads = Counter(
+        f'{sample}.bin'
+        for sample in prefetcher.stream.ids(0, prefetcher.stop).tolist())
+    repeats = {path: count for path, count in stats.downloads.items()
+               if count > reads[path]}
+    assert repeats == {}
+    counts = prefetcher.store.counters(NAMESPACE)
+    assert sum(stats.downloads.values()) == (counts['produced'] +
+                                             counts['bypassed'])
+    assert prefetcher.stats['failed'] == 0
+
+
+def test_growing_window_under_faults_reads_right_bytes_once(tmp_path):
+    # Windows of 40, 60, 80, 80 samples from a remote failing 15% of its
+    # requests (5xx, cut bodies, flipped bytes): every read is right, no
+    # file is downloaded more often than it is read but for its damaged
+    # bodies.
+    count = 120
+    _, stream = growing_window_stream(count, 4)
+    objects = _serve_varying_sizes(count, SIZE, 0)
+    remote = dict(backend='remote_http', backoff=0.001)
+    with LoopbackHTTPServer(objects, fault_rate=0.15,
+                            fault_kinds=('5xx', 'truncated',
+                                         'corrupt')) as server:
+        urls = lambda sample: [server.url(f'{sample}.bin')]  # noqa: E731
+        prefetcher, writer, _, cache_dir, limit = build(
+            tmp_path, count=count, limit=108 * SIZE, reserve=8 * SIZE,
+            epochs=4, start_stream=stream, urls=urls, remote=remote)
+        consume(prefetcher, writer, urls, cache_dir, limit, 0,
+                prefetcher.stop, remote=remote,
+                expected=lambda url: objects[url.rsplit('/', 1)[1]])
+        prefetcher.close()
+        stats = server.stats()
+    assert stats.faults['corrupt'] and stats.faults['truncated']
+    reads = Counter(
+        f'{sample}.bin'
+        for sample in stream.ids(0, prefetcher.stop).tolist())
+    # A corrupted body is sent whole (the server counts a download): the
+    # only downloads beyond the reads.
+    beyond = sum(max(0, count - reads[path])
+                 for path, count in stats.downloads.items())
+    assert beyond <= stats.faults['corrupt']
+    assert prefetcher.store.counters(NAMESPACE)['corrupt'] > 0
+    assert prefetcher.stats['entering_fetched'] > 0

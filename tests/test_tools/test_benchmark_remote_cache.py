@@ -49,3 +49,31 @@ def test_harness_measures_remote_readers(tmp_path):
     assert (ours['offline_keep']['belady_bypass'][1]['hit_rate'] <
             ours['offline']['belady_bypass'][1]['hit_rate'])
     assert "At the plan's capacity" in out and '\nours@50%' in out
+
+
+def test_planner_scale_is_measured_against_belady():
+    # A look-ahead of 1/40 of an epoch still keeps Belady's 25%.
+    out = run_command([
+        sys.executable, f'{REPO_ROOT}/tools/benchmark_remote_cache.py',
+        '--planner-scale', '2e4', '--planner-horizon', '512'
+    ],
+                      env=cpu_env(dict(PYTHONPATH=REPO_ROOT)),
+                      timeout=300).stdout
+    row = out.strip().splitlines()[-1].split('|')
+    assert row[1].strip() == '2e+04' and float(row[5]) >= 0.95
+
+
+def test_download_cpu_is_measured_clean_and_with_corrupt_bodies(tmp_path):
+    out = run_command([
+        sys.executable, f'{REPO_ROOT}/tools/benchmark_remote_cache.py',
+        '--download-cpu', '40', '--sample-kb', '4', '--work-dir',
+        str(tmp_path)
+    ],
+                      env=cpu_env(dict(PYTHONPATH=REPO_ROOT)),
+                      timeout=300).stdout
+    clean, corrupt = (line.split('|')
+                      for line in out.strip().splitlines()[-2:])
+    assert float(clean[3].split('/')[0]) > 0
+    # Nothing wrong is served; with 5% of bodies damaged, some are caught.
+    assert clean[4].strip() == corrupt[4].strip() == '0'
+    assert int(corrupt[5]) > 0 and int(corrupt[7]) > 40

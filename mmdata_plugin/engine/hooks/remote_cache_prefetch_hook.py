@@ -76,14 +76,18 @@ class RemoteCachePrefetchHook(Hook):
             for files downloaded ahead of their read that the plan does not
             keep (bytes, ``'2GB'``, or a fraction of the limit); each is
             freed as soon as a DataLoader worker has read it. ``'auto'``:
-            ``max_inflight`` samples of the mean size, at most a quarter of
-            the limit. Defaults to ``'auto'``.
+            what the prefetch window's downloads need by Little's law
+            (read-ahead plus measured rate x latency, times the miss
+            share), followed as rates are measured, at most 5% of the
+            limit (at least 4 samples). Defaults to ``'auto'``.
         max_inflight (int): Most downloads at once. Defaults to 64.
         horizon_epochs (float): Look-ahead for next uses, in epochs (passes
             of the dataset for infinite samplers). Two see every reuse.
             Defaults to 2.
         max_horizon (int): Cap of the look-ahead in samples (memory: ~40
-            bytes each). Defaults to 2**23.
+            bytes each); a sample read again beyond it is kept where no
+            sooner-read sample needs the room (a fixed set). Defaults to
+            2**23.
         cache_dir (str, optional): Node-local cache directory. Given with
             ``cache_limit``, the train pipeline's loading transforms are
             routed through the node cache (what they read with before
