@@ -44,35 +44,55 @@ def parse_args():
                         help='resnet50 needs torchvision (bf16 autocast and '
                         'channels_last on CUDA)')
     parser.add_argument('--collates', default='pseudo,default,block')
+    parser.add_argument(
+        '--samples',
+        default='cropped',
+        choices=('cropped', 'ready'),
+        help='cropped: a crop and flip of a cached image per sample (a warm '
+        'decode-once pipeline); ready: ready-made samples, so that only the '
+        'hand-over costs')
     return parser.parse_args()
 
 
 class ReadySamples(Dataset):
-    """Samples as a warm decode-once pipeline leaves them: a random crop
-    and flip of a cached uint8 image (numpy), packed."""
+    """Samples as a warm decode-once pipeline leaves them: a crop and flip
+    of a cached uint8 image (numpy), packed; with ``cropped=False``
+    ready-made (a copy of a packed image), so that only the hand-over
+    costs."""
 
-    def __init__(self, size: int, length: int = 100_000) -> None:
+    def __init__(self, size: int, cropped: bool = True,
+                 length: int = 100_000) -> None:
         rng = np.random.default_rng(0)
         self.images = rng.integers(0, 255, (8, size + 32, size + 32, 3),
                                    dtype=np.uint8)
-        self.size, self.length = size, length
+        self.packed = [
+            torch.from_numpy(
+                np.ascontiguousarray(
+                    image[:size, :size].transpose(2, 0, 1)))
+            for image in self.images
+        ]
+        self.size, self.cropped, self.length = size, cropped, length
 
     def __len__(self) -> int:
         return self.length
 
-    def __getitem__(self, index: int) -> dict:
+    def _image(self, index: int) -> torch.Tensor:
+        if not self.cropped:
+            # A tensor of its own per sample: one shared by several
+            # samples would travel once.
+            return self.packed[index % len(self.packed)].clone()
         image = self.images[index % len(self.images)]
         y, x = index % 32, (index * 7) % 32
         crop = image[y:y + self.size, x:x + self.size]
         if index % 2:
             crop = crop[:, ::-1]
+        return torch.from_numpy(np.ascontiguousarray(crop.transpose(2, 0, 1)))
+
+    def __getitem__(self, index: int) -> dict:
         sample = BaseDataElement(metainfo=dict(
-            img_path=f'{index}.jpg', img_shape=crop.shape[:2]))
+            img_path=f'{index}.jpg', img_shape=(self.size, self.size)))
         sample.gt_label = torch.tensor([index % 1000])
-        return dict(
-            inputs=torch.from_numpy(
-                np.ascontiguousarray(crop.transpose(2, 0, 1))),
-            data_samples=sample)
+        return dict(inputs=self._image(index), data_samples=sample)
 
 
 COLLATES: Dict[str, Callable] = dict(
@@ -81,7 +101,7 @@ COLLATES: Dict[str, Callable] = dict(
 
 def make_loader(args, collate: str) -> DataLoader:
     return DataLoader(
-        ReadySamples(args.size),
+        ReadySamples(args.size, cropped=args.samples == 'cropped'),
         batch_size=args.batch_size,
         num_workers=args.workers,
         persistent_workers=True,
@@ -209,7 +229,8 @@ def main():
     receive_packed(True)  # as DeviceFeedHook does while it feeds
     collates = args.collates.split(',')
     print(f'device {device}, batch {args.batch_size} of 3x{args.size}x'
-          f'{args.size} uint8 + a labelled data sample, {args.workers} '
+          f'{args.size} uint8 + a labelled data sample ({args.samples}), '
+          f'{args.workers} '
           f'workers, pin_memory={device.type == "cuda"}, {args.batches} '
           f'batches x {args.rounds} interleaved rounds (medians)')
     runs = {c: [] for c in collates}
