@@ -103,8 +103,14 @@ class _PackingPickler(pickle.Pickler):
     def __init__(self, file) -> None:
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
         self.entries: List[_Entry] = []
+        # pickle asks persistent_id before its memo: without this, a tensor
+        # referenced twice would be packed twice and come out as two.
+        self._ids = {}
 
     def persistent_id(self, obj) -> Optional[int]:
+        pid = self._ids.get(id(obj))
+        if pid is not None:
+            return pid
         if _is_packable_tensor(obj):
             entry = _Entry('tensor', [obj], obj.dtype, tuple(obj.shape),
                            obj.numel() * obj.element_size())
@@ -119,6 +125,8 @@ class _PackingPickler(pickle.Pickler):
         else:
             return None
         self.entries.append(entry)
+        # entry.items keeps obj alive, so its id is not reused meanwhile.
+        self._ids[id(obj)] = len(self.entries) - 1
         return len(self.entries) - 1
 
 
@@ -185,8 +193,17 @@ class _ViewingUnpickler(pickle.Unpickler):
         self.entries = entries
         self.small, self.large, self.host = small, large, host
         self.small_end = small_end
+        self._loaded = {}
 
     def persistent_load(self, pid: int):
+        # One object per entry: what was one object before packing (a
+        # tensor referenced twice) is one object again.
+        loaded = self._loaded.get(pid)
+        if loaded is None:
+            loaded = self._loaded[pid] = self._view(pid)
+        return loaded
+
+    def _view(self, pid: int):
         kind, dtype, shape, nbytes, offset = self.entries[pid]
         if kind == 'array':
             # numpy arrays stay on the host whatever the device.

@@ -101,3 +101,18 @@ def test_unpacking_onto_another_device_keeps_arrays_on_the_host():
     assert isinstance(sample.gt_instances.masks.masks, np.ndarray)
     assert np.array_equal(sample.gt_instances.masks.masks,
                           batch['data_samples'][0].gt_instances.masks.masks)
+
+
+def test_an_object_referenced_twice_comes_back_as_one_object():
+    # As through torch's own hand-over (pickle's memo): packed once, one
+    # object again, an in-place change seen through both references.
+    label = torch.tensor([3])
+    mask = np.ones((2, 2), dtype=bool)
+    batch = dict(inputs=[label], data_samples=[dict(label=label, m=mask)],
+                 masks=[mask])
+    block = _through_pickle(pack_batch(batch))
+    assert len(block.entries) == 2
+    out = block.unpack()
+    assert out['inputs'][0] is out['data_samples'][0]['label']
+    assert out['masks'][0] is out['data_samples'][0]['m']
+    assert_same(out, batch)
