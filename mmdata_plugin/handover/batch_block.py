@@ -11,10 +11,10 @@ process receives one segment, pins it with one copy, moves it to the device
 with one copy, and :meth:`BatchBlock.unpack` rebuilds the structure with
 views into the block: the same types, shapes, dtypes and bytes.
 
-Layout: tensors below :data:`SMALL_BYTES` (labels, boxes, metainfo
-arrays) come first and are cloned out of the block when unpacked, so a
-consumer that keeps a label (an evaluator collecting ``gt_label``) keeps a
-few bytes alive, not the batch's pixels.
+Layout: tensors and arrays below :data:`SMALL_BYTES` (labels, boxes,
+metainfo arrays) come first and are cloned out of the block when unpacked,
+so a consumer that keeps a label (an evaluator collecting ``gt_label``)
+keeps a few bytes alive, not the batch's pixels.
 """
 import io
 import pickle
@@ -193,6 +193,7 @@ class _ViewingUnpickler(pickle.Unpickler):
         self.entries = entries
         self.small, self.large, self.host = small, large, host
         self.small_end = small_end
+        self._host_small: Optional[torch.Tensor] = None
         self._loaded = {}
 
     def persistent_load(self, pid: int):
@@ -207,7 +208,7 @@ class _ViewingUnpickler(pickle.Unpickler):
         kind, dtype, shape, nbytes, offset = self.entries[pid]
         if kind == 'array':
             # numpy arrays stay on the host whatever the device.
-            data = self.host[offset:offset + nbytes].numpy()
+            data = self._host_region(offset)[offset:offset + nbytes].numpy()
             return data.view(dtype).reshape(shape)
         if offset < self.small_end or nbytes == 0:
             source = self.small[offset:offset + nbytes]
@@ -215,6 +216,18 @@ class _ViewingUnpickler(pickle.Unpickler):
             start = offset - self.small_end
             source = self.large[start:start + nbytes]
         return source.view(dtype).view(shape)
+
+    def _host_region(self, offset: int) -> torch.Tensor:
+        """What a numpy array at ``offset`` views: for a small one a copy
+        of the small region (as for small tensors), so that keeping it does
+        not keep the whole, maybe pinned, block alive."""
+        if offset >= self.small_end:
+            return self.host
+        if self._host_small is None:
+            self._host_small = (
+                self.small if self.small.device == self.host.device else
+                self.host[:self.small_end].clone())
+        return self._host_small
 
 
 class BatchBlock(Mapping):
@@ -301,7 +314,7 @@ class BatchBlock(Mapping):
         Args:
             small, large (Tensor, optional): The block's two regions on the
                 target device (:meth:`to_device`); the host block's by
-                default. Numpy arrays always view the host block.
+                default. Numpy arrays always stay on the host.
         """
         if small is None:
             small, large = self.to_device(self.block.device)

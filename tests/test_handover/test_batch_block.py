@@ -116,3 +116,20 @@ def test_an_object_referenced_twice_comes_back_as_one_object():
     assert out['inputs'][0] is out['data_samples'][0]['label']
     assert out['masks'][0] is out['data_samples'][0]['m']
     assert_same(out, batch)
+
+
+@pytest.mark.parametrize('device', ['cpu', 'meta'])
+def test_a_kept_small_array_does_not_keep_the_pixels_alive(device):
+    # mmdet's gt_ignore_flags, mmpose's keypoints: small numpy arrays that
+    # an evaluator or a hook may keep after the batch died.
+    batch = dict(inputs=torch.zeros(8, 3, 64, 64, dtype=torch.uint8),
+                 flags=np.array([True, False, True]),
+                 masks=np.ones((2, 64, 64), dtype=bool))
+    block = _through_pickle(pack_batch(batch))
+    out = block.unpack(*block.to_device(torch.device(device)))
+    assert_same(out['flags'], batch['flags'])
+    assert_same(out['masks'], batch['masks'])
+    kept = out['flags'].base
+    while not isinstance(kept, torch.Tensor):
+        kept = kept.base
+    assert kept.untyped_storage().nbytes() < SMALL_BYTES
