@@ -82,3 +82,17 @@ def test_blocks_without_the_hook_read_as_the_batch(tmp_path, reference):
     # The data preprocessor's cast_data walks the block as a Mapping.
     runner = train(tmp_path, collate=BLOCK, monitor=True)
     assert runner.model.seen == reference('iter')
+
+
+def test_without_workers_the_pipeline_draws_where_it_draws_without_the_hook(
+        tmp_path):
+    # The fast-resume loop reseeds the main process at each iteration; a
+    # pipeline running there (no workers, no per-sample seeds) must load
+    # batch i after that reseeding, not during step i-1.
+    train_cfg = dict(type='FastResumeIterBasedTrainLoop', max_iters=6,
+                     seed_per_sample=False)
+    fed = train(tmp_path / 'fed', num_workers=0, collate=BLOCK, feed=True,
+                monitor=False, train_cfg=train_cfg)
+    plain = train(tmp_path / 'plain', num_workers=0, monitor=False,
+                  collate=BLOCK, train_cfg=train_cfg)
+    assert fed.model.seen == plain.model.seen

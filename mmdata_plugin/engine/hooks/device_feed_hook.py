@@ -21,6 +21,8 @@ def _fed_loader_class(base: type) -> type:
 
         def __iter__(self):
             feed = self._device_feed
+            if not _feeds_ahead(self):
+                return base.__iter__(self)
             return DeviceFeeder(base.__iter__(self), feed.device,
                                 feed.on_batch)
 
@@ -28,6 +30,15 @@ def _fed_loader_class(base: type) -> type:
                    dict(__iter__=__iter__, __module__=__name__))
         _FED_LOADER_CLASSES[base] = cls
     return cls
+
+
+def _feeds_ahead(loader: DataLoader) -> bool:
+    """Whether batches are taken one step ahead: not from a loader without
+    workers, whose batches hold no block to place and whose pipeline runs in
+    the training process, where loading batch i+1 before step i would move
+    its random draws (seeded per iteration by the fast-resume loops) to
+    another point of the main process's random streams."""
+    return loader.num_workers > 0
 
 
 class _Feed:
@@ -59,7 +70,9 @@ class DeviceFeedHook(Hook):
     and the model see what they see without it: the same structure, values
     and order. On a CPU device the block is unpacked into views of the host
     block. Batches of other collates pass unchanged (the data preprocessor
-    moves them, as without the hook).
+    moves them, as without the hook). A loader without workers is read as
+    without the hook: nothing crosses a process boundary, and its pipeline
+    runs in the step.
 
     Config::
 
@@ -125,7 +138,8 @@ class DeviceFeedHook(Hook):
         # workers need no change.
         holder = getattr(loop, 'dataloader_iterator', None)
         started = getattr(holder, '_iterator', None)
-        if started is not None and not isinstance(started, DeviceFeeder):
+        if (started is not None and not isinstance(started, DeviceFeeder)
+                and _feeds_ahead(loader)):
             holder._iterator = DeviceFeeder(started, device,
                                             loader._device_feed.on_batch)
 
