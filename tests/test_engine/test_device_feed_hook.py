@@ -5,7 +5,8 @@ import json
 import os.path as osp
 
 import pytest
-from monitor_helpers import SleepyDataset, train
+from mmengine.evaluator import BaseMetric
+from monitor_helpers import SleepyDataset, sleepy_pipeline, train
 from torch.utils.data import DataLoader
 
 from mmdata_plugin.engine import DeviceFeedHook
@@ -96,3 +97,37 @@ def test_without_workers_the_pipeline_draws_where_it_draws_without_the_hook(
     plain = train(tmp_path / 'plain', num_workers=0, monitor=False,
                   collate=BLOCK, train_cfg=train_cfg)
     assert fed.model.seen == plain.model.seen
+
+
+class BatchTypeMetric(BaseMetric):
+    """Records the type of each validation batch in ``seen``."""
+
+    seen = []
+
+    def process(self, data_batch, data_samples):
+        self.seen.append(type(data_batch).__name__)
+        self.results.append(len(data_samples))
+
+    def compute_metrics(self, results):
+        return dict(samples=sum(results))
+
+
+@pytest.mark.parametrize('pin', [False, True])
+def test_validation_gets_the_batches_it_gets_without_the_hook(tmp_path, pin):
+    types = {}
+    for feed in (False, True):
+        BatchTypeMetric.seen.clear()
+        train(
+            tmp_path / str(feed), collate=BLOCK, feed=feed, monitor=False,
+            max_iters=4, pin=pin,
+            train_cfg=dict(type='IterBasedTrainLoop', max_iters=4,
+                           val_interval=2),
+            val_dataloader=dict(
+                batch_size=4, num_workers=2, pin_memory=pin,
+                collate_fn=dict(type='block_collate'),
+                dataset=SleepyDataset(num=8, pipeline=sleepy_pipeline((), 8)),
+                sampler=dict(type='DefaultSampler', shuffle=False)),
+            val_cfg=dict(type='ValLoop'),
+            val_evaluator=dict(type=BatchTypeMetric))
+        types[feed] = set(BatchTypeMetric.seen)
+    assert types[True] == types[False] == {'dict'}

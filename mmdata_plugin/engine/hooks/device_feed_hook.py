@@ -143,6 +143,17 @@ class DeviceFeedHook(Hook):
             holder._iterator = DeviceFeeder(started, device,
                                             loader._device_feed.on_batch)
 
+    def before_val(self, runner) -> None:
+        # Blocks stay packed for the feeder only: validation's batches (its
+        # loader may use block_collate too) arrive as without the hook, as
+        # the plain dicts its hooks and evaluator may change.
+        if self._loader is not None:
+            receive_packed(False)
+
+    def after_val(self, runner) -> None:
+        if self._loader is not None:
+            receive_packed(True)
+
     def after_train(self, runner) -> None:
         receive_packed(self._received_packed)
         if self._preprocessor is not None:
