@@ -131,3 +131,22 @@ def test_validation_gets_the_batches_it_gets_without_the_hook(tmp_path, pin):
             val_evaluator=dict(type=BatchTypeMetric))
         types[feed] = set(BatchTypeMetric.seen)
     assert types[True] == types[False] == {'dict'}
+
+
+def test_a_fed_fast_resume_run_resumes_bitwise(tmp_path):
+    # The feeder takes one batch ahead; the saved position counts the
+    # batches it handed out, so the resumed run continues where the model
+    # stopped.
+    kwargs = dict(collate=dict(type='block_collate'), feed=True,
+                  monitor=False)
+
+    def loop(max_iters):
+        return dict(type='FastResumeIterBasedTrainLoop', max_iters=max_iters)
+
+    reference = train(tmp_path / 'ref', train_cfg=loop(8), **kwargs)
+    checkpoint = dict(type='CheckpointHook', interval=4, by_epoch=False)
+    train(tmp_path / 'run', train_cfg=loop(4),
+          default_hooks=dict(checkpoint=checkpoint), **kwargs)
+    resumed = train(tmp_path / 'run', train_cfg=loop(8), resume=True,
+                    load_from=str(tmp_path / 'run' / 'iter_4.pth'), **kwargs)
+    assert resumed.model.seen == reference.model.seen[4:]
