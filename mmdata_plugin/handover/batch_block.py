@@ -106,6 +106,9 @@ class _PackingPickler(pickle.Pickler):
         # pickle asks persistent_id before its memo: without this, a tensor
         # referenced twice would be packed twice and come out as two.
         self._ids = {}
+        # Whether every tensor went into the block (others are pickled and
+        # stay on the host wherever the block goes).
+        self.complete = True
 
     def persistent_id(self, obj) -> Optional[int]:
         pid = self._ids.get(id(obj))
@@ -123,6 +126,9 @@ class _PackingPickler(pickle.Pickler):
                            len(obj.tensors) * first.numel() *
                            first.element_size())
         else:
+            if isinstance(obj, (torch.Tensor, torch.UntypedStorage,
+                                torch.TypedStorage)):
+                self.complete = False
             return None
         self.entries.append(entry)
         # entry.items keeps obj alive, so its id is not reused meanwhile.
@@ -180,7 +186,8 @@ def pack_batch(batch: dict) -> 'BatchBlock':
     for entry in entries:
         _copy_in(block, entry)
     return BatchBlock(block, buffer.getvalue(),
-                      [entry.plain() for entry in entries], small_end)
+                      [entry.plain() for entry in entries], small_end,
+                      pickler.complete)
 
 
 class _ViewingUnpickler(pickle.Unpickler):
@@ -252,17 +259,25 @@ class BatchBlock(Mapping):
         entries (list[tuple]): ``(kind, dtype, shape, nbytes, offset)`` of
             each tensor, array or stack, by persistent id.
         small_end (int): Where the region of small tensors ends.
+        complete (bool): Whether every tensor of the batch is in the block
+            (not tensor subclasses or tensors that require grad, which are
+            pickled in ``structure``). Defaults to True.
     """
 
-    __slots__ = ('block', 'structure', 'entries', 'small_end',
+    __slots__ = ('block', 'structure', 'entries', 'small_end', 'complete',
                  'handover_stages', '_unpacked')
 
-    def __init__(self, block: torch.Tensor, structure: bytes, entries: list,
-                 small_end: int) -> None:
+    def __init__(self,
+                 block: torch.Tensor,
+                 structure: bytes,
+                 entries: list,
+                 small_end: int,
+                 complete: bool = True) -> None:
         self.block = block
         self.structure = structure
         self.entries = entries
         self.small_end = small_end
+        self.complete = complete
         self.handover_stages = {}
         self._unpacked: Optional[dict] = None
 
@@ -282,7 +297,7 @@ class BatchBlock(Mapping):
 
     def __reduce__(self):
         return _received, (ReceiptStamp(), self.block, self.structure,
-                           self.entries, self.small_end)
+                           self.entries, self.small_end, self.complete)
 
     def pin_memory(self, *args, **kwargs) -> 'BatchBlock':
         start = _perf_counter()
@@ -340,8 +355,8 @@ def receive_packed(enabled: bool) -> bool:
 
 
 def _received(started: float, block: torch.Tensor, structure: bytes,
-              entries: list, small_end: int):
-    batch = BatchBlock(block, structure, entries, small_end)
+              entries: list, small_end: int, complete: bool):
+    batch = BatchBlock(block, structure, entries, small_end, complete)
     if not _RECEIVE_PACKED[0]:
         return batch.unpack()
     batch.handover_stages['receive'] = _perf_counter() - started

@@ -162,6 +162,8 @@ class DeviceFeeder:
             large.record_stream(consumer)
         batch = item.unpack(small, large)
         stages = dict(item.handover_stages, unpack=_perf_counter() - start)
-        if type(batch) is dict:
+        if type(batch) is dict and item.complete:
+            # Tensors left out of the block are still on the host: such a
+            # batch goes through cast_data, which moves them.
             batch = DeviceBatch(batch)
         return batch, ready, stages

@@ -133,3 +133,24 @@ def test_a_kept_small_array_does_not_keep_the_pixels_alive(device):
     while not isinstance(kept, torch.Tensor):
         kept = kept.base
     assert kept.untyped_storage().nbytes() < SMALL_BYTES
+
+
+class TaggedTensor(torch.Tensor):
+    """A tensor subclass (as torchvision's tv_tensors): not packed."""
+
+
+def test_a_batch_with_tensors_left_unpacked_goes_through_cast_data():
+    # The feeder lets a DeviceBatch skip the data preprocessor's cast_data:
+    # only right when every tensor in it is on the device already. A tensor
+    # subclass or a tensor that requires grad travels pickled, on the host.
+    from mmdata_plugin.handover import DeviceBatch, DeviceFeeder
+    meta = torch.device('meta')
+    image = torch.zeros(3, 8, 8, dtype=torch.uint8)
+    for odd in (torch.ones(2).as_subclass(TaggedTensor),
+                torch.ones(2, requires_grad=True)):
+        block = _through_pickle(pack_batch(dict(inputs=image, odd=odd)))
+        fed = next(DeviceFeeder(iter([block]), meta))
+        assert type(fed) is dict
+        assert fed['inputs'].device == meta
+    plain = _through_pickle(pack_batch(dict(inputs=image, label=[1])))
+    assert type(next(DeviceFeeder(iter([plain]), meta))) is DeviceBatch
