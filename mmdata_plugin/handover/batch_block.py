@@ -85,7 +85,7 @@ class _Entry:
         return self.kind, self.dtype, self.shape, self.nbytes, self.offset
 
 
-def _is_packable_tensor(obj) -> bool:
+def is_packable_tensor(obj) -> bool:
     # Subclasses (nn.Parameter, tensor subclasses of other libraries) carry
     # state of their own: they travel as torch sends them.
     return (type(obj) is torch.Tensor and obj.device.type == 'cpu'
@@ -114,7 +114,7 @@ class _PackingPickler(pickle.Pickler):
         pid = self._ids.get(id(obj))
         if pid is not None:
             return pid
-        if _is_packable_tensor(obj):
+        if is_packable_tensor(obj):
             entry = _Entry('tensor', [obj], obj.dtype, tuple(obj.shape),
                            obj.numel() * obj.element_size())
         elif _is_packable_array(obj):

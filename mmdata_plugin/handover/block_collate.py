@@ -6,7 +6,7 @@ import torch
 from mmengine.registry import FUNCTIONS
 from torch.utils.data import get_worker_info
 
-from .batch_block import Stacked, pack_batch
+from .batch_block import Stacked, is_packable_tensor, pack_batch
 
 
 def _wrapped_collate(collate: Union[str, Callable]) -> Callable:
@@ -27,8 +27,9 @@ def _stack_inputs(batch: Any) -> Any:
     if not isinstance(batch, dict):
         return batch
     inputs = batch.get('inputs')
+    # Only tensors that go into the block can be stacked into it.
     if not isinstance(inputs, list) or not inputs or not all(
-            type(t) is torch.Tensor for t in inputs):
+            is_packable_tensor(t) for t in inputs):
         return batch
     first = inputs[0]
     if any(t.shape != first.shape or t.dtype != first.dtype

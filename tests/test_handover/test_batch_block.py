@@ -154,3 +154,16 @@ def test_a_batch_with_tensors_left_unpacked_goes_through_cast_data():
         assert fed['inputs'].device == meta
     plain = _through_pickle(pack_batch(dict(inputs=image, label=[1])))
     assert type(next(DeviceFeeder(iter([plain]), meta))) is DeviceBatch
+
+
+def test_inputs_that_cannot_go_into_the_block_are_not_stacked_into_it():
+    # torch.stack(out=...) into the block refuses tensors that require grad
+    # and sparse ones: they stay a list, pickled as torch sends them.
+    for inputs in ([torch.ones(3, requires_grad=True)] * 2,
+                   [torch.ones(3).to_sparse()] * 2):
+        batch = dict(inputs=list(inputs))
+        assert _stack_inputs(batch) is batch
+        out = _through_pickle(pack_batch(batch)).unpack()
+        assert len(out['inputs']) == 2
+        assert all(torch.equal(t.to_dense(), torch.ones(3))
+                   for t in out['inputs'])
