@@ -173,3 +173,16 @@ def test_a_loading_error_surfaces_when_its_batch_is_due():
         next(feeder)
     got += [batch['index'] for batch in feeder]
     assert got == [0, 1, 3, 4]
+
+
+@pytest.mark.parametrize('shape', [(8, 8), (1, 4, 8, 8)])
+def test_inputs_that_are_not_images_stay_a_list(shape):
+    # ImgDataPreprocessor takes a stacked batch as NCHW only; it pads and
+    # stacks a list of (H, W) or (C, D, H, W) tensors itself.
+    from mmengine.model import ImgDataPreprocessor
+    samples = [dict(inputs=torch.full(shape, i, dtype=torch.uint8))
+               for i in range(2)]
+    collated = block_collate(samples)
+    assert type(collated['inputs']) is list
+    preprocessor = ImgDataPreprocessor(pad_size_divisor=16)
+    assert_same(preprocessor(collated), preprocessor(pseudo_collate(samples)))
