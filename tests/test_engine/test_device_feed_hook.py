@@ -150,3 +150,18 @@ def test_a_fed_fast_resume_run_resumes_bitwise(tmp_path):
     resumed = train(tmp_path / 'run', train_cfg=loop(8), resume=True,
                     load_from=str(tmp_path / 'run' / 'iter_4.pth'), **kwargs)
     assert resumed.model.seen == reference.model.seen[4:]
+
+
+@pytest.mark.parametrize('loop', ['iter', 'lazy'])
+def test_no_batch_stays_placed_after_training(tmp_path, loop):
+    # The loop keeps its iterator after train() (for a later test() or
+    # val()); the batch the feeder placed ahead must not stay on the device
+    # with it.
+    import gc
+
+    from mmdata_plugin.handover import DeviceBatch
+    runner = train(tmp_path, loop=loop, collate=BLOCK, feed=True,
+                   monitor=False)
+    gc.collect()
+    assert runner.train_loop.dataloader_iterator is not None
+    assert not [o for o in gc.get_objects() if type(o) is DeviceBatch]

@@ -156,6 +156,12 @@ class DeviceFeedHook(Hook):
 
     def after_train(self, runner) -> None:
         receive_packed(self._received_packed)
+        # The loop keeps its iterator after training: without the feeder,
+        # the batch it placed ahead (device memory) is let go.
+        holder = getattr(runner.train_loop, 'dataloader_iterator', None)
+        feeder = getattr(holder, '_iterator', None)
+        if isinstance(feeder, DeviceFeeder):
+            holder._iterator = feeder.iterator
         if self._preprocessor is not None:
             del self._preprocessor.cast_data
             self._preprocessor = None
