@@ -9,7 +9,10 @@ uint8 block and pickles the rest of the structure (data samples, boxes,
 metainfo: whatever the wrapped collate made) without them. The training
 process receives one segment, pins it with one copy, moves it to the device
 with one copy, and :meth:`BatchBlock.unpack` rebuilds the structure with
-views into the block: the same types, shapes, dtypes and bytes.
+views into the block: the same types, shapes, dtypes and bytes. An object
+referenced twice comes out as one object; two different tensors that view
+one storage (slices of one tensor, ``expand``) come out as two contiguous
+copies of what they show, with no memory shared between them.
 
 Layout: tensors and arrays below :data:`SMALL_BYTES` (labels, boxes,
 metainfo arrays) come first and are cloned out of the block when unpacked,

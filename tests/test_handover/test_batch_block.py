@@ -167,3 +167,15 @@ def test_inputs_that_cannot_go_into_the_block_are_not_stacked_into_it():
         assert len(out['inputs']) == 2
         assert all(torch.equal(t.to_dense(), torch.ones(3))
                    for t in out['inputs'])
+
+
+def test_views_of_one_storage_come_out_as_separate_copies():
+    # The documented limit: values kept, memory no longer shared.
+    base = torch.arange(10000.)
+    batch = dict(head=base[:6000], tail=base[4000:], wide=base[:3].expand(
+        5, 3))
+    out = _through_pickle(pack_batch(batch)).unpack()
+    assert_same(out, batch)
+    out['head'][5000] = -1
+    assert out['tail'][1000] == 5000
+    assert out['wide'].is_contiguous()
