@@ -32,7 +32,7 @@ from torch.utils.data.dataloader import _BaseDataLoaderIter
 from ..datasets.sample_seeded_dataset import SampleSeededDataset
 from ..utils.dataloader_slots import rebind_dataloader_attribute
 from .instrument import LoaderInstrumentation
-from .statistics import StatsBook
+from .statistics import StatsBook, StepColumns
 from .verdict import build_report
 from .worker_timing import MonitoredBatch
 
@@ -463,9 +463,11 @@ class DataLoaderMonitor:
 
     def _book_steps(self) -> None:
         """Add the steps counted since the last call to the books."""
+        if not self._unbooked:
+            return
+        columns = StepColumns(self._unbooked)
         for book in (self._total, self._window):
-            for step in self._unbooked:
-                book.add(*step)
+            book.add_columns(columns)
         self._unbooked.clear()
 
     # ------------------------------------------------------------ results
