@@ -146,11 +146,12 @@ class WorkerRun:
         cpu (float): Their CPU times' sum.
     """
 
-    __slots__ = ('records', 'time', 'transfer', 'slack', 'cpu')
+    __slots__ = ('pids', 'timed', 'time', 'transfer', 'slack', 'cpu')
 
     def __init__(self, records: List[dict], time: Series, transfer: float,
                  slack: float, cpu: float) -> None:
-        self.records = records
+        self.pids = {record['pid'] for record in records}
+        self.timed = [record for record in records if _is_timed(record)]
         self.time = time
         self.transfer = transfer
         self.slack = slack
@@ -160,6 +161,10 @@ class WorkerRun:
 def _is_timed(record: dict) -> bool:
     # Records of older versions have no 'timed': every batch was.
     return record.get('timed', True)
+
+
+def _column(values: list) -> np.ndarray:
+    return np.fromiter(values, float, len(values))
 
 
 class StepColumns:
@@ -174,24 +179,23 @@ class StepColumns:
     """
 
     def __init__(self, steps: List[tuple]) -> None:
-        self.wait = Series(np.array([step[0] for step in steps], float))
+        self.wait = Series(_column([step[0] for step in steps]))
         self.compute = Series(
-            np.array([step[1] for step in steps if step[1] is not None],
-                     float))
+            _column([step[1] for step in steps if step[1] is not None]))
         self.trainer = [step[5] for step in steps if step[5]]
         recorded = [step for step in steps if step[2] is not None]
         records = [step[2] for step in recorded]
-        times = np.array([(step[3], step[4], step[2]['start'],
-                           step[2]['end'], step[2]['cpu'])
-                          for step in recorded], float).reshape(-1, 5)
-        requested, received, start, end, cpu = times.T
-        worker_time = end - start
+        requested = _column([step[3] for step in recorded])
+        received = _column([step[4] for step in recorded])
+        end = _column([record['end'] for record in records])
+        worker_time = end - _column([record['start'] for record in records])
         transfer = received - np.maximum(requested, end)
         slack = requested - end
+        cpu = _column([record['cpu'] for record in records])
         self.worker = Series(worker_time)
         self.transfer = Series(transfer)
         self.slack = Series(slack)
-        self.samples = sum(record['samples'] for record in records)
+        self.samples = sum([record['samples'] for record in records])
         self.cpu = float(cpu.sum())
         self.timed = [record for record in records if _is_timed(record)]
         self.workers = self._by_worker(records, worker_time, transfer, slack,
@@ -233,13 +237,12 @@ class WorkerStats:
 
     def add_run(self, run: WorkerRun) -> None:
         self.time.extend(run.time)
+        self.pids |= run.pids
+        self.timed += len(run.timed)
         totals = self.stage_totals
-        for record in run.records:
-            self.pids.add(record['pid'])
-            if _is_timed(record):
-                self.timed += 1
-                for key, value in record['stages'].items():
-                    totals[key] += value
+        for record in run.timed:
+            for key, value in record['stages'].items():
+                totals[key] += value
         self.transfer += run.transfer
         self.slack += run.slack
         self.cpu += run.cpu
