@@ -479,11 +479,12 @@ class DataLoaderMonitor:
         if self._last_step is None:
             return None
         wait, compute, record, counted = self._last_step
-        return dict(
-            wait=wait,
-            compute=compute,
-            worker=record['end'] - record['start'] if record else None,
-            counted=counted)
+        return {
+            'wait': wait,
+            'compute': compute,
+            'worker': record['end'] - record['start'] if record else None,
+            'counted': counted
+        }
 
     def _book_steps(self) -> None:
         """Add the steps counted since the last call to the books."""
