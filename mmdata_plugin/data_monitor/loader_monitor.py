@@ -428,7 +428,8 @@ class DataLoaderMonitor:
             self.steps_without_batch += 1
             self._last_step = None
             return None
-        self._pending, count, self._pending_count = None, self._pending_count, 0
+        count = self._pending_count
+        self._pending, self._pending_count = None, 0
         requested, received, record = pending
         previous, self._last_received = self._last_received, received
         wait = received - requested

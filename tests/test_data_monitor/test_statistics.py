@@ -102,7 +102,8 @@ def test_a_run_of_steps_gives_each_workers_figures():
         assert stats['time']['max'] == pytest.approx(1e3 * max(times))
         assert stats['transfer'] == pytest.approx(1e3 * np.mean(transfer))
         assert stats['slack'] == pytest.approx(1e3 * np.mean(slack))
-        assert stats['timed_batches'] == sum(rec['timed'] for rec, _, _ in mine)
+        timed = sum(rec['timed'] for rec, _, _ in mine)
+        assert stats['timed_batches'] == timed
         assert stats['pids'] == sorted({rec['pid'] for rec, _, _ in mine})
     assert summary['trainer'] == pytest.approx(dict(receive=1e-2 * 40 / 120))
     assert summary['compute']['count'] == 119
