@@ -109,6 +109,11 @@ class GrowingWindowSampler(RankShardedSampler):
     stream_defining_attrs = ('shuffle', 'round_up', 'rounds', 'initial',
                              'growth', 'capacity')
 
+    #: No inverse order: the window decides which epochs read a sample, so
+    #: cache planners look ahead instead (the RankShardedSampler's inverse
+    #: does not apply).
+    places = None
+
     def __init__(self,
                  dataset: Sized,
                  initial: int,
