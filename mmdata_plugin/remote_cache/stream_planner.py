@@ -21,6 +21,9 @@ import numpy as np
 from ..sample_order.node_stream import NOT_BEFORE, NOT_SEARCHED, NodeStream
 from .belady import BEYOND, NEVER, BeladyCache, Decision, next_uses
 
+#: Ticks decided per block with exact next uses: bounds the transient
+#: memory of asking the inverse (~170 bytes a tick).
+_EXACT_BLOCK = 1 << 16
 #: Cycles (permutation passes) searched for a next use past a read's own:
 #: a node of ``L`` ranks of ``W`` reads a sample in a pass with chance
 #: ``L / W``; a use later than this is taken as BEYOND.
@@ -60,7 +63,9 @@ class StreamPlanner:
         # Ticks are decided block by block; a block's next uses come from
         # the order's inverse, or one sort over the block plus the horizon
         # after it.
-        self._block = max(4096, horizon // 2)
+        self._exact = stream.knows_next_reads
+        self._block = (_EXACT_BLOCK if self._exact else max(
+            4096, horizon // 2))
         self._block_start = start
         self._ids = np.empty(0, np.int64)
         self._next = np.empty(0, np.int64)
@@ -72,16 +77,16 @@ class StreamPlanner:
         start = self.tick
         known = self._end(start + self._block) - start
         ids = self.stream.ids(start, start + known)
-        exact = self.stream.next_reads(
-            np.arange(start, start + known), ids,
-            np.iinfo(np.int64).max if self.stop is None else self.stop,
-            _CYCLES_SEARCHED)
-        if exact is None:
-            self._next = self._looked_up_next_uses(start, ids)
-        else:
+        if self._exact:
+            exact = self.stream.next_reads(
+                np.arange(start, start + known), ids,
+                np.iinfo(np.int64).max if self.stop is None else self.stop,
+                _CYCLES_SEARCHED)
             self._next = np.select(
                 [exact == NOT_BEFORE, exact == NOT_SEARCHED],
                 [NEVER, BEYOND], exact)
+        else:
+            self._next = self._looked_up_next_uses(start, ids)
         self._ids = ids
         self._block_start = start
 

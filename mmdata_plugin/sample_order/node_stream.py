@@ -131,6 +131,11 @@ class NodeStream:
                          np.int64).reshape(-1, 2)
         return pairs[:, 0], pairs[:, 1]
 
+    @property
+    def knows_next_reads(self) -> bool:
+        """Whether the order has an inverse (:meth:`next_reads`)."""
+        return self.order.places(0, np.empty(0, np.int64)) is not None
+
     def next_reads(self, ticks: np.ndarray, ids: np.ndarray, until: int,
                    cycles: int) -> Optional[np.ndarray]:
         """The node's first tick after ``ticks[i]`` that reads ``ids[i]``,
@@ -145,10 +150,10 @@ class NodeStream:
             until (int): Ticks from here on are not searched.
             cycles (int): Cycles searched after a tick's own.
         """
+        if not self.knows_next_reads:
+            return None
         ticks = np.asarray(ticks, np.int64)
         ids = np.asarray(ids, np.int64)
-        if self.order.places(0, ids[:0]) is None:
-            return None
         epochs, within = self._epochs_of(ticks)
         cycle = self.order.cycle_of(epochs, self.positions(within))
         last = cycle + cycles
