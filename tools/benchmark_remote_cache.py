@@ -790,17 +790,18 @@ def _wrong_next_uses(stream, ticks, ids, found) -> int:
     """Next uses that are not the node's next read, checked forwards: the
     node reads the sample at the tick found, and in each epoch between,
     the one position that reads it (an epoch is a bijection; no padding
-    here) is another node's."""
+    here) is another node's. For :func:`_scale_stream`'s streams (a pass
+    per epoch, one rank per node)."""
     wrong = found <= ticks
     wrong[~wrong] = _reads_at(stream, found[~wrong]) != ids[~wrong]
     epoch, last = ticks // stream.epoch_ticks, found // stream.epoch_ticks
     between = epoch + 1
     while True:
-        open_ = ~wrong & (between < last)
-        if not open_.any():
+        unsettled = ~wrong & (between < last)
+        if not unsettled.any():
             return int(wrong.sum())
-        for cycle in np.unique(between[open_]).tolist():
-            at = open_ & (between == cycle)
+        for cycle in np.unique(between[unsettled]).tolist():
+            at = unsettled & (between == cycle)
             position = stream.order.places(cycle, ids[at]).first
             node = position % stream.world_size == stream.first_rank
             read = stream.order.ids(cycle, position) == ids[at]
