@@ -443,31 +443,55 @@ def test_next_reads_equal_a_scan_of_the_stream(cls, kwargs, size, world_size,
     assert np.array_equal(short[known], found[known])
 
 
+@pytest.mark.parametrize('kwargs', [
+    dict(initial=5, growth=3, capacity=11),
+    dict(initial=4, growth=4),
+    dict(initial=6, growth=2, capacity=9, shuffle=False),
+    dict(initial=3, growth=5, capacity=10, round_up=False),
+])
+@pytest.mark.parametrize('size', [7, 23])
+@pytest.mark.parametrize('world_size, node', [(1, (0, 1)), (3, (2, 1)),
+                                              (4, (1, 2)), (8, (3, 1))])
+def test_growing_window_next_reads_equal_a_scan_of_the_stream(
+        kwargs, size, world_size, node):
+    # Samples enter, leave, and come back after a whole data set arrived.
+    samplers = _samplers(GrowingWindowSampler, size, world_size, **kwargs)
+    stream = NodeStream(
+        sample_order_of(BatchSampler(samplers[node[0]], 2, False),
+                        world_size), world_size, *node)
+    until = stream.epoch_start(12)
+    trace = stream.ids(0, until)
+    found = stream.next_reads(np.arange(until), trace, until, 1 << 20)
+    assert found.tolist() == _next_reads_by_scan(trace.tolist(), until)
+
+
 def test_orders_without_an_inverse_have_no_next_reads():
-    window = _samplers(GrowingWindowSampler, 40, 1, initial=10, growth=5)
     default = _samplers(DefaultSampler, 40, 2)
-    for sampler, world_size in ((window[0], 1), (default[0], 2)):
+    infinite = _samplers(InfiniteSampler, 40, 2)
+    for sampler in (default[0], infinite[0]):
         stream = NodeStream(sample_order_of(BatchSampler(sampler, 2, False),
-                                            world_size), world_size, 0, 1)
+                                            2), 2, 0, 1)
         assert stream.next_reads(np.arange(3), stream.ids(0, 3), 100,
                                  8) is None
 
 
-@pytest.mark.parametrize('world_size, node, kwargs', [
-    (4, (0, 1), dict()),
-    (4, (1, 2), dict(mini_epochs=2)),
-    (3, (2, 1), dict()),
+@pytest.mark.parametrize('cls, size, world_size, node, kwargs', [
+    (RankShardedSampler, 20_000, 4, (0, 1), dict()),
+    (RankShardedSampler, 20_000, 4, (1, 2), dict(mini_epochs=2)),
+    (RankShardedSampler, 20_000, 3, (2, 1), dict()),
+    (GrowingWindowSampler, 40_000, 4, (0, 1),
+     dict(initial=16_000, growth=4_000, capacity=24_000)),
 ])
 def test_a_tiny_horizon_reaches_belady_on_several_nodes(
-        world_size, node, kwargs):
+        cls, size, world_size, node, kwargs):
     # A node of several reads a random share of each epoch, so Belady
-    # beats keeping a fixed set; a look-ahead of 64 ticks (of 5,000-6,667
+    # beats keeping a fixed set; a look-ahead of 64 ticks (of 4,000-6,667
     # an epoch) sees next to no reuse, the sampler's inverse sees all.
-    samplers = _samplers(RankShardedSampler, 20_000, world_size, **kwargs)
+    samplers = _samplers(cls, size, world_size, **kwargs)
     stream = NodeStream(
         sample_order_of(BatchSampler(samplers[node[0]], 2, False),
                         world_size), world_size, *node)
-    ticks = 6 * stream.epoch_ticks
+    ticks = stream.epoch_start(6)
     trace = stream.ids(0, ticks)
     capacity = len(np.unique(trace)) // 4
     belady = simulate(trace, 1, capacity)['belady_bypass'].hits
