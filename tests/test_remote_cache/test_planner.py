@@ -405,6 +405,14 @@ def test_a_horizon_far_shorter_than_an_epoch_keeps_a_fixed_set():
     assert sum(later) >= 0.95 * 0.25 * len(later)
 
 
+def _node_stream(cls, size, world_size, node, **kwargs):
+    """The stream of ``node`` (first rank, ranks) of ``cls`` samplers."""
+    samplers = _samplers(cls, size, world_size, **kwargs)
+    return NodeStream(
+        sample_order_of(BatchSampler(samplers[node[0]], 2, False),
+                        world_size), world_size, *node)
+
+
 def _next_reads_by_scan(trace, until):
     """Each tick's next tick reading the same sample, by a scan."""
     found = []
@@ -429,10 +437,7 @@ def _next_reads_by_scan(trace, until):
                                               (8, (3, 1)), (10, (4, 3))])
 def test_next_reads_equal_a_scan_of_the_stream(cls, kwargs, size, world_size,
                                                node):
-    samplers = _samplers(cls, size, world_size, **kwargs)
-    stream = NodeStream(
-        sample_order_of(BatchSampler(samplers[node[0]], 2, False),
-                        world_size), world_size, *node)
+    stream = _node_stream(cls, size, world_size, node, **kwargs)
     until = 60 if stream.endless else 8 * stream.epoch_ticks
     trace = stream.ids(0, until)
     found = stream.next_reads(np.arange(until), trace, until, 1 << 20)
@@ -455,10 +460,8 @@ def test_next_reads_equal_a_scan_of_the_stream(cls, kwargs, size, world_size,
 def test_growing_window_next_reads_equal_a_scan_of_the_stream(
         kwargs, size, world_size, node):
     # Samples enter, leave, and come back after a whole data set arrived.
-    samplers = _samplers(GrowingWindowSampler, size, world_size, **kwargs)
-    stream = NodeStream(
-        sample_order_of(BatchSampler(samplers[node[0]], 2, False),
-                        world_size), world_size, *node)
+    stream = _node_stream(GrowingWindowSampler, size, world_size, node,
+                          **kwargs)
     until = stream.epoch_start(12)
     trace = stream.ids(0, until)
     found = stream.next_reads(np.arange(until), trace, until, 1 << 20)
@@ -487,10 +490,7 @@ def test_a_tiny_horizon_reaches_belady_on_several_nodes(
     # A node of several reads a random share of each epoch, so Belady
     # beats keeping a fixed set; a look-ahead of 64 ticks (of 4,000-6,667
     # an epoch) sees next to no reuse, the sampler's inverse sees all.
-    samplers = _samplers(cls, size, world_size, **kwargs)
-    stream = NodeStream(
-        sample_order_of(BatchSampler(samplers[node[0]], 2, False),
-                        world_size), world_size, *node)
+    stream = _node_stream(cls, size, world_size, node, **kwargs)
     ticks = stream.epoch_start(6)
     trace = stream.ids(0, ticks)
     capacity = len(np.unique(trace)) // 4
