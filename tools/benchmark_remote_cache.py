@@ -95,10 +95,16 @@ def parse_args(argv=None):
                         '6 s time box, no fsspec')
     parser.add_argument(
         '--planner-scale', default=None, metavar='N,N,...',
-        help='only simulate the planner (no downloads) on one shuffled '
-        'stream of each number of samples, with a look-ahead of '
-        '--planner-horizon ticks, against Belady')
+        help='only simulate the planner (no downloads) on node 0 of each '
+        'of --planner-nodes nodes reading each number of samples per '
+        'epoch (RankShardedSampler), with the sampler\'s inverse and with '
+        'a look-ahead of --planner-horizon ticks, against Belady; and check '
+        'the exact next uses of 1e6 ticks at every size')
     parser.add_argument('--planner-horizon', type=int, default=1 << 14)
+    parser.add_argument('--planner-nodes', default='1,4', metavar='K,K,...')
+    parser.add_argument(
+        '--planner-ticks', type=float, default=3e7,
+        help='largest number of ticks (3 epochs) planned tick by tick')
     parser.add_argument(
         '--download-cpu', type=int, default=None, metavar='FILES',
         help='only measure the CPU time of downloads into the node store '
@@ -699,50 +705,177 @@ def report_keep_capacity(results, args):
 # ------------------------------------------------- planner at scale
 
 
-def planner_scale(samples: int, horizon: int, epochs: int = 2,
-                  share: float = 0.25, seed: int = 0) -> dict:
-    """The planner alone on one node's shuffled epochs of ``samples``
-    equal samples (a Feistel permutation per epoch, as RankShardedSampler
-    draws them) with a cache of ``share`` of them: its hit rate from epoch
-    2 on against Belady's (for one shuffled stream, keeping any fixed set
-    of ``share`` is optimal: ``share``), and the look-ahead's bytes."""
+def _scale_stream(samples: int, nodes: int, seed: int):
+    """Node 0's stream of a RankShardedSampler over ``samples * nodes``
+    samples read by ``nodes`` nodes of one rank each (the real sampler,
+    its Feistel order and its inverse)."""
+    from unittest import mock
+
+    from mmdata_plugin.datasets import RankShardedSampler
+    from mmdata_plugin.sample_order import NodeStream, RankShardedOrder
+    with mock.patch(
+            'mmdata_plugin.datasets.rank_sharded_sampler.get_dist_info',
+            return_value=(0, nodes)):
+        sampler = RankShardedSampler(range(samples * nodes), seed=seed)
+    return NodeStream(RankShardedOrder(sampler), nodes, 0, 1)
+
+
+def _planned_hits(stream, capacity: int, stop: int, horizon: int,
+                  inverse: bool) -> tuple:
+    """``(hits from epoch 2 on, seconds, block bytes)`` of the planner,
+    with the order's inverse or without it (look-ahead and BEYOND)."""
+    from unittest import mock
+
     from mmdata_plugin.remote_cache.stream_planner import StreamPlanner
-    from mmdata_plugin.sample_order import (IndexPermutation, NodeStream,
-                                            SampleOrder)
+    places = stream.order.places if inverse else (lambda cycle, ids: None)
+    with mock.patch.object(stream.order, 'places', places):
+        planner = StreamPlanner(stream, capacity, lambda sample: 1,
+                                stop=stop, horizon=horizon)
+        start = time.perf_counter()
+        hits = sum(decision.hit for decision in iter(planner.decide, None)
+                   if decision.tick >= stream.epoch_ticks)
+        seconds = time.perf_counter() - start
+    return hits, seconds, planner._ids.nbytes + planner._next.nbytes
 
-    class ShuffledEpochs(SampleOrder):
-        epoch_size = samples
 
-        def ids(self, epoch, positions):
-            return IndexPermutation(samples, seed, epoch)(positions)
+def planner_scale(samples: int, horizon: int, nodes: int = 1,
+                  epochs: int = 3, share: float = 0.25,
+                  seed: int = 0) -> dict:
+    """The planner alone, tick by tick, on node 0 of ``nodes`` reading
+    ``samples`` equal samples per epoch, with a cache of ``share`` of the
+    samples it reads: hit rate from epoch 2 on with the sampler's inverse
+    and without it (look-ahead of ``horizon`` ticks, BEYOND), against
+    Belady offline (on the whole trace while it fits in memory here; for
+    one node, keeping the first ``share`` of the next epoch is optimal:
+    ``share``)."""
+    from mmdata_plugin.remote_cache.cache_simulator import simulate_segments
+    stream = _scale_stream(samples, nodes, seed)
+    stop = epochs * stream.epoch_ticks
+    reads = (epochs - 1) * stream.epoch_ticks
+    if stop <= _OFFLINE_TICKS:
+        trace = stream.ids(0, stop)
+        capacity = int(share * len(np.unique(trace)))
+        belady = simulate_segments(trace, 1, capacity,
+                                   [0, stream.epoch_ticks, stop])
+        belady = belady['belady_bypass'][1].hits / reads
+        del trace
+    elif nodes == 1:
+        capacity, belady = int(share * samples), share
+    else:
+        raise ValueError(f'no Belady figure for {nodes} nodes past '
+                         f'{_OFFLINE_TICKS} ticks')
+    exact, seconds, block = _planned_hits(stream, capacity, stop, horizon,
+                                          True)
+    row = dict(samples=samples, nodes=nodes, horizon=horizon,
+               hit_rate=exact / reads, belady=belady,
+               of_belady=exact / reads / belady, block_bytes=block,
+               ticks_per_s=stop / seconds, beyond=None)
+    if stop <= _OFFLINE_TICKS:
+        row['beyond'] = _planned_hits(stream, capacity, stop, horizon,
+                                      False)[0] / reads
+    return row
 
-    stream = NodeStream(ShuffledEpochs(), 1, 0, 1)
-    planner = StreamPlanner(stream, int(samples * share), lambda sample: 1,
-                            stop=epochs * samples, horizon=horizon)
-    start = time.perf_counter()
-    hits = sum(decision.hit for decision in iter(planner.decide, None)
-               if decision.tick >= samples)
-    seconds = time.perf_counter() - start
-    rate = hits / ((epochs - 1) * samples)
-    lookahead = planner._ids.nbytes + planner._next.nbytes
-    return dict(samples=samples, horizon=horizon, hit_rate=rate,
-                belady=share, of_belady=rate / share,
-                lookahead_bytes=lookahead, seconds=seconds)
+
+def _reads_at(stream, ticks: np.ndarray) -> np.ndarray:
+    """Sample ids the node reads at ``ticks`` (any, in any order)."""
+    epochs, within = np.divmod(ticks, stream.epoch_ticks)
+    ids = np.empty_like(ticks)
+    for epoch in np.unique(epochs).tolist():
+        at = epochs == epoch
+        ids[at] = stream.order.ids(epoch, stream.positions(within[at]))
+    return ids
+
+
+def _wrong_next_uses(stream, ticks, ids, found) -> int:
+    """Next uses that are not the node's next read, checked forwards: the
+    node reads the sample at the tick found, and in each epoch between,
+    the one position that reads it (an epoch is a bijection; no padding
+    here) is another node's. For :func:`_scale_stream`'s streams (a pass
+    per epoch, one rank per node)."""
+    wrong = found <= ticks
+    wrong[~wrong] = _reads_at(stream, found[~wrong]) != ids[~wrong]
+    epoch, last = ticks // stream.epoch_ticks, found // stream.epoch_ticks
+    between = epoch + 1
+    while True:
+        unsettled = ~wrong & (between < last)
+        if not unsettled.any():
+            return int(wrong.sum())
+        for cycle in np.unique(between[unsettled]).tolist():
+            at = unsettled & (between == cycle)
+            position = stream.order.places(cycle, ids[at]).first
+            node = position % stream.world_size == stream.first_rank
+            read = stream.order.ids(cycle, position) == ids[at]
+            wrong[at] = node | ~read
+        between += 1
+
+
+def next_use_window(samples: int, nodes: int = 1, ticks: int = 1_000_000,
+                    offsets=(0.0, 1 / 3, 2 / 3), block: int = 1 << 16,
+                    seed: int = 0) -> dict:
+    """Exact next uses of ``ticks`` ticks of epoch 2 (split between
+    ``offsets`` of the epoch), block by block as the planner asks them:
+    each checked forwards (:func:`_wrong_next_uses`), timed, and the peak
+    of Python and numpy allocations while asking (tracemalloc)."""
+    import tracemalloc
+    stream = _scale_stream(samples, nodes, seed)
+    epoch = stream.epoch_ticks
+    share = min(ticks // len(offsets), epoch)
+    wrong = done = 0
+    seconds = peak = 0.0
+    for offset in offsets:
+        first = epoch + int(offset * epoch)
+        for start in range(first, first + share, block):
+            stop = min(start + block, first + share)
+            span = np.arange(start, stop)
+            ids = stream.ids(start, stop)
+            tracemalloc.start()
+            began = time.perf_counter()
+            found = stream.next_reads(span, ids, 1 << 62, 1 << 8)
+            seconds += time.perf_counter() - began
+            peak = max(peak, tracemalloc.get_traced_memory()[1])
+            tracemalloc.stop()
+            wrong += _wrong_next_uses(stream, span, ids, found)
+            done += len(span)
+    return dict(samples=samples, nodes=nodes, ticks=done, wrong=wrong,
+                ticks_per_s=done / seconds, peak_bytes=peak)
+
+
+#: Ticks up to which Belady is computed offline on the whole trace.
+_OFFLINE_TICKS = 4_000_000
 
 
 def report_planner_scale(args) -> None:
-    print('| samples | look-ahead ticks (of an epoch) | hit % epoch 2+ | '
-          'Belady % | of Belady | look-ahead MB | s |')
-    print('|---|---|---|---|---|---|---|')
-    for text in args.planner_scale.split(','):
-        samples = int(float(text))
-        row = planner_scale(samples, args.planner_horizon)
-        print(f"| {samples:.0e} | {row['horizon']} "
-              f"({row['horizon'] / samples:.2g}) | "
-              f"{100 * row['hit_rate']:.2f} | {100 * row['belady']:.0f} | "
-              f"{row['of_belady']:.3f} | "
-              f"{row['lookahead_bytes'] / 1e6:.2f} | "
-              f"{row['seconds']:.0f} |", flush=True)
+    print('Tick by tick (hits from epoch 2 of 3):')
+    print('| samples per node | nodes | hit % exact next uses | hit % '
+          f'look-ahead {args.planner_horizon} + BEYOND | Belady % | exact '
+          '/ Belady | block MB | ticks/s |')
+    print('|---|---|---|---|---|---|---|---|')
+    sizes = [int(float(text)) for text in args.planner_scale.split(',')]
+    nodes = [int(text) for text in args.planner_nodes.split(',')]
+    for samples in sizes:
+        for count in nodes:
+            if 3 * samples > args.planner_ticks or (
+                    count > 1 and 3 * samples > _OFFLINE_TICKS):
+                continue
+            row = planner_scale(samples, args.planner_horizon, count)
+            beyond = ('-' if row['beyond'] is None else
+                      f"{100 * row['beyond']:.2f}")
+            print(f"| {samples:.0e} | {count} | "
+                  f"{100 * row['hit_rate']:.2f} | {beyond} | "
+                  f"{100 * row['belady']:.2f} | {row['of_belady']:.3f} | "
+                  f"{row['block_bytes'] / 1e6:.2f} | "
+                  f"{row['ticks_per_s']:.0f} |", flush=True)
+    print('\nNext uses from the inverse, 1e6 ticks of epoch 2 at offsets '
+          '0, 1/3, 2/3 of it:')
+    print('| samples per node | nodes | ticks checked | wrong | ticks/s | '
+          'peak MB (tracemalloc) |')
+    print('|---|---|---|---|---|---|')
+    for samples in sizes:
+        for count in nodes:
+            row = next_use_window(samples, count)
+            print(f"| {samples:.0e} | {count} | {row['ticks']} | "
+                  f"{row['wrong']} | {row['ticks_per_s']:.0f} | "
+                  f"{row['peak_bytes'] / 1e6:.1f} |", flush=True)
 
 
 # ------------------------------------------------- CPU per download

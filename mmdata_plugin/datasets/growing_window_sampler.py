@@ -5,6 +5,7 @@ import numpy as np
 from mmengine.registry import DATA_SAMPLERS
 
 from ..cache.size_units import parse_size
+from ..sample_order.global_order import SamplePlaces
 from ..sample_order.growing_window import GrowingWindow, WindowChanges
 from .rank_sharded_sampler import RankShardedSampler
 
@@ -167,3 +168,23 @@ class GrowingWindowSampler(RankShardedSampler):
         return self.window.ids(
             epoch,
             np.asarray(positions, np.int64) % self.window.window_size(epoch))
+
+    def cycle_of(self, epoch: np.ndarray, position: np.ndarray) -> np.ndarray:
+        """Each epoch shuffles its own window: a cycle is an epoch."""
+        return epoch
+
+    def cycle_start(self, cycle: int) -> tuple:
+        """``(epoch, global position)`` where cycle ``cycle`` starts."""
+        return cycle, 0
+
+    def places(self, cycle: int, ids: np.ndarray) -> SamplePlaces:
+        """Where epoch ``cycle`` reads sample ``ids`` (the inverse of
+        :meth:`ids_at`): nowhere outside its window; inside, at the
+        window's position and, with the rank padding, again every window
+        length up to the epoch's total size."""
+        length = self.window.window_size(cycle)
+        end = np.full(len(ids), self.epoch_total_size(cycle), np.int64)
+        first = self.window.positions_of(cycle, ids)
+        return SamplePlaces(np.full_like(end, cycle),
+                            np.where(first < length, first, end),
+                            np.full_like(end, length), end)

@@ -26,6 +26,7 @@ from mmengine.logging import print_log
 from mmengine.registry import DATA_SAMPLERS
 from torch.utils.data import DataLoader, Sampler
 
+from ..sample_order.global_order import SamplePlaces
 from ..sample_order.index_permutation import IndexPermutation
 from ..sample_order.sample_index import SampleIndex
 from .rank_sharded_dataset import RankShardedDataset
@@ -98,6 +99,17 @@ class _RankStream(Sampler):
         """Sample ids at permutation ``positions`` of pass ``perm_epoch``."""
         if not self.shuffle:
             return positions
+        return self._permutation(perm_epoch)(positions)
+
+    def _offsets(self, perm_epoch: int, ids: np.ndarray) -> np.ndarray:
+        """Permutation positions of sample ``ids`` in pass ``perm_epoch``
+        (the inverse of :meth:`_ids`)."""
+        ids = np.asarray(ids, np.int64)
+        if not self.shuffle:
+            return ids
+        return self._permutation(perm_epoch).inverse(ids)
+
+    def _permutation(self, perm_epoch: int) -> IndexPermutation:
         # Keyed by the seed too: a resume may re-apply a checkpoint's seed.
         key = (self.seed, perm_epoch)
         permutation = self._permutations.get(key)
@@ -111,7 +123,7 @@ class _RankStream(Sampler):
             permutation = IndexPermutation(self.size, self.seed, perm_epoch,
                                            self.rounds)
             self._permutations[key] = permutation
-        return permutation(positions)
+        return permutation
 
     def _yield_ids(self, count: int,
                    id_block: Callable[[int, int], np.ndarray]) -> Iterator:
@@ -265,6 +277,27 @@ class RankShardedSampler(_RankStream):
         return self._ids(perm_epoch,
                          lo + np.asarray(positions, np.int64) % (hi - lo))
 
+    def cycle_of(self, epoch: np.ndarray, position: np.ndarray) -> np.ndarray:
+        """The permutation passes that (mini-)epochs ``epoch`` read."""
+        return epoch // self.mini_epochs
+
+    def cycle_start(self, cycle: int) -> tuple:
+        """``(epoch, global position)`` where pass ``cycle`` starts."""
+        return cycle * self.mini_epochs, 0
+
+    def places(self, cycle: int, ids: np.ndarray) -> SamplePlaces:
+        """Where pass ``cycle`` reads sample ``ids``: the inverse of
+        :meth:`ids_at`, so cache planners know every future read of a
+        sample without looking ahead. A pass reads a sample in one
+        (mini-)epoch, at the part's offset and, with the rank padding, again
+        every part length up to ``total_size``."""
+        offsets = self._offsets(cycle, ids)
+        part = ((offsets + 1) * self.mini_epochs - 1) // self.size
+        lo = part * self.size // self.mini_epochs
+        period = (part + 1) * self.size // self.mini_epochs - lo
+        return SamplePlaces(cycle * self.mini_epochs + part, offsets - lo,
+                            period, np.full_like(offsets, self.total_size))
+
     def __iter__(self) -> Iterator[int]:
         start = self._take_start()
         epoch = self.epoch
@@ -327,6 +360,22 @@ class RankShardedInfiniteSampler(_RankStream):
             ids[inside] = self._ids(perm_epoch,
                                     positions[inside] - perm_epoch * self.size)
         return ids
+
+    def cycle_of(self, epoch: np.ndarray, position: np.ndarray) -> np.ndarray:
+        """The permutation passes holding global ``position``."""
+        return position // self.size
+
+    def cycle_start(self, cycle: int) -> tuple:
+        """``(epoch 0, global position)`` where pass ``cycle`` starts."""
+        return 0, cycle * self.size
+
+    def places(self, cycle: int, ids: np.ndarray) -> SamplePlaces:
+        """Where pass ``cycle`` reads sample ``ids`` (once each): the
+        inverse of :meth:`ids_at` (see :meth:`RankShardedSampler.places`)."""
+        first = cycle * self.size + self._offsets(cycle, ids)
+        return SamplePlaces(np.zeros_like(first), first,
+                            np.full_like(first, self.size),
+                            np.full_like(first, (cycle + 1) * self.size))
 
     def __iter__(self) -> Iterator[int]:
         position = self._take_start() + self.rank

@@ -3,7 +3,10 @@
 The planner walks the node's future stream (:class:`~.NodeStream`)
 ahead of the readers and decides, per tick, whether the read is served by a
 kept copy (hit) or needs a download, and what is kept afterwards
-(:class:`~.belady.BeladyCache`). Next uses are looked up within a
+(:class:`~.belady.BeladyCache`). Where the sample order has an inverse
+(our Feistel-permuted samplers), next uses are exact at any distance
+(:meth:`~.NodeStream.next_reads`): Belady's decisions at any data-set size,
+with memory for one block of ticks. Otherwise they are looked up within a
 ``horizon`` of ticks. A sample not read again within it is never read
 again when the look-ahead reaches the stop or the end of the epoch after
 the next (each epoch reads a sample at most once); otherwise it is read
@@ -15,8 +18,16 @@ from typing import Callable, Iterable, Optional
 
 import numpy as np
 
-from ..sample_order.node_stream import NodeStream
+from ..sample_order.node_stream import NOT_BEFORE, NOT_SEARCHED, NodeStream
 from .belady import BEYOND, NEVER, BeladyCache, Decision, next_uses
+
+#: Ticks decided per block with exact next uses: bounds the transient
+#: memory of asking the inverse (~170 bytes a tick).
+_EXACT_BLOCK = 1 << 16
+#: Cycles (permutation passes) searched for a next use past a read's own:
+#: a node of ``L`` ranks of ``W`` reads a sample in a pass with chance
+#: ``L / W``; a use later than this is taken as BEYOND.
+_CYCLES_SEARCHED = 1 << 8
 
 
 class StreamPlanner:
@@ -50,8 +61,11 @@ class StreamPlanner:
         self.stop = stop
         self.horizon = horizon
         # Ticks are decided block by block; a block's next uses come from
-        # one sort over the block plus the horizon after it.
-        self._block = max(4096, horizon // 2)
+        # the order's inverse, or one sort over the block plus the horizon
+        # after it.
+        self._exact = stream.knows_next_reads
+        self._block = (_EXACT_BLOCK if self._exact else max(
+            4096, horizon // 2))
         self._block_start = start
         self._ids = np.empty(0, np.int64)
         self._next = np.empty(0, np.int64)
@@ -62,14 +76,31 @@ class StreamPlanner:
     def _load_block(self) -> None:
         start = self.tick
         known = self._end(start + self._block) - start
-        seen_to = self._end(start + self._block + self.horizon)
-        ids = self.stream.ids(start, seen_to)
-        following = next_uses(ids, known)
-        self._next = np.where(following == NEVER,
-                              self._unseen(start + known - 1, seen_to),
-                              following + start)
-        self._ids = ids[:known]
+        ids = self.stream.ids(start, start + known)
+        if self._exact:
+            exact = self.stream.next_reads(
+                np.arange(start, start + known), ids,
+                np.iinfo(np.int64).max if self.stop is None else self.stop,
+                _CYCLES_SEARCHED)
+            self._next = np.select(
+                [exact == NOT_BEFORE, exact == NOT_SEARCHED],
+                [NEVER, BEYOND], exact)
+        else:
+            self._next = self._looked_up_next_uses(start, ids)
+        self._ids = ids
         self._block_start = start
+
+    def _looked_up_next_uses(self, start: int,
+                             ids: np.ndarray) -> np.ndarray:
+        """Next uses of the ``ids`` read from tick ``start`` on, found in
+        the ``horizon`` after them."""
+        known = len(ids)
+        seen_to = self._end(start + self._block + self.horizon)
+        ahead = self.stream.ids(start + known, seen_to)
+        following = next_uses(np.concatenate([ids, ahead]), known)
+        return np.where(following == NEVER,
+                        self._unseen(start + known - 1, seen_to),
+                        following + start)
 
     def _unseen(self, last: int, seen_to: int) -> int:
         """Next use of a sample read up to tick ``last`` and not again

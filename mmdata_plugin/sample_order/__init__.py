@@ -13,8 +13,8 @@ from .data_position import (SAMPLE_LEVEL_STRATEGIES, DataPosition,
                             DataPositionError, check_compatible)
 from .epoch_walk import EpochWalk, iteration_stop
 from .global_order import (DefaultSamplerOrder, InfiniteSamplerOrder,
-                           RankShardedOrder, SampleOrder, UnplannableSampler,
-                           sample_order_of)
+                           RankShardedOrder, SampleOrder, SamplePlaces,
+                           UnplannableSampler, sample_order_of)
 from .growing_window import GrowingWindow, WindowChanges
 from .index_permutation import IndexPermutation
 from .node_stream import NodeStream
@@ -26,7 +26,7 @@ __all__ = [
     'batches_into_epoch', 'choose_strategy', 'SAMPLE_LEVEL_STRATEGIES',
     'DataPosition', 'DataPositionError', 'check_compatible', 'EpochWalk',
     'iteration_stop', 'DefaultSamplerOrder', 'InfiniteSamplerOrder',
-    'RankShardedOrder', 'SampleOrder', 'UnplannableSampler',
+    'RankShardedOrder', 'SampleOrder', 'SamplePlaces', 'UnplannableSampler',
     'sample_order_of', 'GrowingWindow', 'WindowChanges', 'IndexPermutation',
     'NodeStream', 'SampleIndex', 'with_fields', 'dataloader_stream_settings',
     'stream_defining_attrs'

@@ -7,13 +7,25 @@ rank. The samplers' order math lives in
 here only call it, so the planner and a resumed run can never disagree.
 """
 import abc
-from typing import Dict, Iterator, Optional
+from typing import Dict, Iterator, NamedTuple, Optional, Tuple
 
 import numpy as np
 import torch
 
 from .index_streams import default_sampler_epoch, infinite_sampler_passes
 from .batch_order import choose_strategy
+
+
+class SamplePlaces(NamedTuple):
+    """Where one cycle of an order reads some samples (arrays, one entry
+    per sample): in ``epoch``, at the global positions ``first``,
+    ``first + period``, ``first + 2 * period`` ... below ``end`` (none when
+    ``first >= end``). A cycle (a permutation pass) reads every sample in
+    one epoch; the rank padding may read it more than once there."""
+    epoch: np.ndarray
+    first: np.ndarray
+    period: np.ndarray
+    end: np.ndarray
 
 
 class SampleOrder(abc.ABC):
@@ -45,6 +57,21 @@ class SampleOrder(abc.ABC):
         that read the same set every epoch."""
         return None
 
+    def places(self, cycle: int, ids: np.ndarray) -> Optional[SamplePlaces]:
+        """Where cycle ``cycle`` reads sample ``ids``; None for orders
+        without an inverse (planners then look ahead)."""
+        return None
+
+    def cycle_of(self, epoch: np.ndarray, position: np.ndarray) -> np.ndarray:
+        """The cycles holding global ``position`` of ``epoch`` (int
+        arrays; orders with :meth:`places` only)."""
+        raise NotImplementedError(f'{type(self).__name__} has no cycles')
+
+    def cycle_start(self, cycle: int) -> Tuple[int, int]:
+        """``(epoch, global position)`` where ``cycle`` starts (orders
+        with :meth:`places` only)."""
+        raise NotImplementedError(f'{type(self).__name__} has no cycles')
+
 
 class RankShardedOrder(SampleOrder):
     """Order of ``RankShardedSampler``, ``RankShardedInfiniteSampler`` and
@@ -74,6 +101,17 @@ class RankShardedOrder(SampleOrder):
     def entering(self, epoch: int) -> Optional[np.ndarray]:
         changes = getattr(self.sampler, 'window_changes', None)
         return None if changes is None else changes(epoch).entering
+
+    def places(self, cycle: int, ids: np.ndarray) -> Optional[SamplePlaces]:
+        if getattr(self.sampler, 'places', None) is None:
+            return None
+        return self.sampler.places(cycle, ids)
+
+    def cycle_of(self, epoch: np.ndarray, position: np.ndarray) -> np.ndarray:
+        return self.sampler.cycle_of(epoch, position)
+
+    def cycle_start(self, cycle: int) -> Tuple[int, int]:
+        return self.sampler.cycle_start(cycle)
 
 
 class DefaultSamplerOrder(SampleOrder):

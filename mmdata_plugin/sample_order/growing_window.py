@@ -128,6 +128,23 @@ class GrowingWindow:
             positions = self._shuffle(epoch, stop - start)(positions)
         return self.arrival_ids(start + positions)
 
+    def positions_of(self, epoch: int, ids: np.ndarray) -> np.ndarray:
+        """Positions of sample ``ids`` in epoch ``epoch``'s stream (the
+        inverse of :meth:`ids`); ``window_size(epoch)`` for ids outside
+        its window. A window holds at most ``N`` arrivals, so a sample
+        at most once."""
+        start, stop = self.bounds(epoch)
+        ids = np.asarray(ids, np.int64)
+        residues = ids if self._arrival is None else self._arrival.inverse(
+            ids)
+        # The sample's first arrival position from the window's start on.
+        offsets = (residues - start) % self.size
+        inside = offsets < stop - start
+        if self.shuffle:
+            offsets[inside] = self._shuffle(epoch, stop - start).inverse(
+                offsets[inside])
+        return np.where(inside, offsets, stop - start)
+
     def window_ids(self, epoch: int) -> np.ndarray:
         """Every id of ``epoch``'s window, in arrival order (oldest first)."""
         return self.arrival_ids(np.arange(*self.bounds(epoch)))

@@ -5,7 +5,10 @@ turn it into a Python list, ~36 bytes per sample); at 1e9 samples that is
 tens of GB per rank. A keyed Feistel network is a bijection on ``[0, 2**b)``
 that can be evaluated at any position; cycle-walking (re-applying it until
 the value is ``< n``) restricts it to ``[0, n)``. Positions can therefore be
-mapped to sample ids block by block, on any rank, from any starting point.
+mapped to sample ids block by block, on any rank, from any starting point,
+and back: running the rounds in reverse (walking the cycle backwards) gives
+the position of any id in O(1), so the position of a sample in any future
+epoch needs no look-ahead.
 
 Six rounds with a splitmix64 round function: four already pass the
 class-histogram chi-square test on class-sorted files, two visibly fail it
@@ -54,11 +57,31 @@ class IndexPermutation:
             left, right = right, left ^ (_mix(right ^ key) & self._half_mask)
         return (left << self._half_bits) | right
 
+    def _feistel_inverse(self, values: np.ndarray) -> np.ndarray:
+        left = values >> self._half_bits
+        right = values & self._half_mask
+        for key in reversed(self._round_keys):
+            left, right = right ^ (_mix(left ^ key) & self._half_mask), left
+        return (left << self._half_bits) | right
+
+    @staticmethod
+    def _walk(step, values: np.ndarray, n: int) -> np.ndarray:
+        """Apply ``step`` until every value is ``< n`` (cycle-walking)."""
+        values = step(values)
+        outside = np.flatnonzero(values >= n)
+        while outside.size:
+            values[outside] = step(values[outside])
+            outside = outside[values[outside] >= n]
+        return values.astype(np.int64)
+
     def __call__(self, positions: np.ndarray) -> np.ndarray:
         """Ids at ``positions`` (an int array with values in ``[0, n)``)."""
-        values = self._feistel(np.asarray(positions, np.uint64))
-        outside = np.flatnonzero(values >= self.n)
-        while outside.size:
-            values[outside] = self._feistel(values[outside])
-            outside = outside[values[outside] >= self.n]
-        return values.astype(np.int64)
+        return self._walk(self._feistel, np.asarray(positions, np.uint64),
+                          self.n)
+
+    def inverse(self, ids: np.ndarray) -> np.ndarray:
+        """Positions of ``ids`` (an int array with values in ``[0, n)``):
+        ``inverse(self(p)) == p``. The walk that led forwards from ``p``
+        outside ``[0, n)`` to the id leads backwards from the id to ``p``."""
+        return self._walk(self._feistel_inverse, np.asarray(ids, np.uint64),
+                          self.n)

@@ -12,7 +12,9 @@ with ``S_e`` the node's ticks in the epochs before ``e`` and ``k < E_e``
 length ``order.epoch_length(e)``; all equal for most samplers, growing for
 a growing window). Everything the node reads at tick ``K`` is
 ``order.ids(epoch, position(k))``: the sampler's own order math
-(:mod:`.global_order`), nothing recomputed here.
+(:mod:`.global_order`), nothing recomputed here. Where the order has an
+inverse (:meth:`~.global_order.SampleOrder.places`), the node's next read
+of a sample is exact at any distance (:meth:`NodeStream.next_reads`).
 """
 import bisect
 from typing import List, Optional, Tuple
@@ -24,6 +26,11 @@ from .global_order import SampleOrder
 #: Epochs in a row in which a node reads nothing, before a tick past them
 #: is taken for one that never comes.
 _MOST_EMPTY_EPOCHS = 1 << 16
+
+#: :meth:`NodeStream.next_reads`: the sample is not read before ``until``.
+NOT_BEFORE = -1
+#: :meth:`NodeStream.next_reads`: not read within the cycles searched.
+NOT_SEARCHED = -2
 
 
 class NodeStream:
@@ -106,6 +113,94 @@ class NodeStream:
         # The last epoch starting at or before the tick (skips empty ones).
         epoch = bisect.bisect_right(self._starts, tick) - 1
         return epoch, tick - self._starts[epoch]
+
+    def _epoch_starts(self, epochs: np.ndarray) -> np.ndarray:
+        if self.endless:
+            return np.zeros_like(epochs)
+        if self.epoch_ticks is not None:
+            return epochs * self.epoch_ticks
+        return np.array([self.epoch_start(e) for e in epochs.tolist()],
+                        np.int64)
+
+    def _epochs_of(self, ticks: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+        if self.endless:
+            return np.zeros_like(ticks), ticks
+        if self.epoch_ticks is not None:
+            return np.divmod(ticks, self.epoch_ticks)
+        pairs = np.array([self.epoch_of(t) for t in ticks.tolist()],
+                         np.int64).reshape(-1, 2)
+        return pairs[:, 0], pairs[:, 1]
+
+    @property
+    def knows_next_reads(self) -> bool:
+        """Whether the order has an inverse (:meth:`next_reads`)."""
+        return self.order.places(0, np.empty(0, np.int64)) is not None
+
+    def next_reads(self, ticks: np.ndarray, ids: np.ndarray, until: int,
+                   cycles: int) -> Optional[np.ndarray]:
+        """The node's first tick after ``ticks[i]`` that reads ``ids[i]``,
+        from the order's inverse, however far ahead; :data:`NOT_BEFORE`
+        when that is not before tick ``until``, :data:`NOT_SEARCHED` when
+        not within ``cycles`` cycles after ``ticks[i]``'s. None when the
+        order has no inverse.
+
+        Args:
+            ticks (np.ndarray): Ticks (int).
+            ids (np.ndarray): Sample ids, one per tick.
+            until (int): Ticks from here on are not searched.
+            cycles (int): Cycles searched after a tick's own.
+        """
+        if not self.knows_next_reads:
+            return None
+        ticks = np.asarray(ticks, np.int64)
+        ids = np.asarray(ids, np.int64)
+        epochs, within = self._epochs_of(ticks)
+        cycle = self.order.cycle_of(epochs, self.positions(within))
+        last = cycle + cycles
+        found = np.full(len(ids), NOT_SEARCHED, np.int64)
+        pending = np.arange(len(ids))
+        while pending.size:
+            current = int(cycle[pending].min())
+            if self._cycle_first_tick(current) >= until:
+                found[pending] = NOT_BEFORE
+                break
+            group = pending[cycle[pending] == current]
+            reads = self._first_read_in_cycle(current, ids[group],
+                                              ticks[group])
+            seen = reads >= 0
+            found[group[seen]] = np.where(reads[seen] < until,
+                                          reads[seen], NOT_BEFORE)
+            cycle[group] += 1
+            pending = pending[(found[pending] == NOT_SEARCHED)
+                              & (cycle[pending] <= last[pending])]
+        return found
+
+    def _cycle_first_tick(self, cycle: int) -> int:
+        """No tick of ``cycle`` comes before this one."""
+        epoch, position = self.order.cycle_start(cycle)
+        return (self.epoch_start(epoch) +
+                (position // self.world_size) * self.local_ranks)
+
+    def _first_read_in_cycle(self, cycle: int, ids: np.ndarray,
+                             after: np.ndarray) -> np.ndarray:
+        """The node's first tick of ``cycle`` past ``after[i]`` reading
+        ``ids[i]``, -1 where none."""
+        places = self.order.places(cycle, ids)
+        starts = self._epoch_starts(places.epoch)
+        first = np.full(len(ids), -1, np.int64)
+        position = places.first
+        inside = position < places.end
+        # Rank padding repeats a sample every `period` positions: few times.
+        while inside.any():
+            row, rank = np.divmod(position, self.world_size)
+            local = rank - self.first_rank
+            tick = starts + row * self.local_ranks + local
+            read = (inside & (local >= 0) & (local < self.local_ranks) &
+                    (tick > after) & (first < 0))
+            first[read] = tick[read]
+            position = position + places.period
+            inside = (position < places.end) & (first < 0)
+        return first
 
     def positions(self, ticks: np.ndarray) -> np.ndarray:
         """Global positions within their epoch of epoch-relative ticks."""

@@ -88,6 +88,19 @@ def test_each_epoch_is_a_seeded_shuffle_of_its_window(monkeypatch):
     assert first[3] != first[4]  # reshuffled even with a full window
 
 
+
+@pytest.mark.parametrize('shuffle', [True, False])
+def test_positions_of_is_the_inverse_of_ids(shuffle):
+    # 10 samples, a window of 7 sliding by 3: ids leave and come back.
+    window = GrowingWindow(10, 4, 3, 7, seed=2, shuffle=shuffle)
+    for epoch in range(8):
+        length = window.window_size(epoch)
+        ids = window.ids(epoch, np.arange(length))
+        assert np.array_equal(window.positions_of(epoch, ids),
+                              np.arange(length))
+        outside = np.setdiff1d(np.arange(10), ids)
+        assert (window.positions_of(epoch, outside) == length).all()
+
 def test_shuffle_false_is_the_plain_arrival_order(monkeypatch):
     schedule = dict(SCHEDULE, shuffle=False)
     assert _global_stream(40, 0, monkeypatch, **schedule) == list(range(6))

@@ -30,6 +30,27 @@ def test_seed_and_epoch_choose_the_permutation():
     assert abs(np.corrcoef(np.arange(n), base)[0, 1]) < 0.1
 
 
+
+# Sizes just above a power of four walk the cycle most (domain ~4x n).
+@pytest.mark.parametrize('n', [1, 2, 3, 5, 17, 257, 1000, 1025, 65537,
+                               123457])
+@pytest.mark.parametrize('rounds', [4, 6])
+def test_inverse_undoes_the_permutation(n, rounds):
+    positions = np.arange(n)
+    for seed, epoch in [(0, 0), (1, 0), (0, 1), (2**63 + 5, 7), (99, 3)]:
+        perm = IndexPermutation(n, seed, epoch, rounds)
+        ids = perm(positions)
+        assert np.array_equal(perm.inverse(ids), positions)
+        assert np.array_equal(perm(perm.inverse(positions)), positions)
+
+
+def test_inverse_at_a_billion_positions():
+    perm = IndexPermutation(10**9 + 7, seed=5, epoch=2)
+    positions = np.random.default_rng(0).integers(0, 10**9 + 7, 100_000)
+    inverse = perm.inverse(positions)
+    assert inverse.dtype == np.int64
+    assert np.array_equal(perm(inverse), positions)
+
 def _chi2_bounds(df, z=3.719):
     """chi2(df) quantiles at p=1e-4 in each tail (Wilson-Hilferty)."""
     return tuple(df * (1 - 2 / (9 * df) + sign * z * np.sqrt(2 / (9 * df)))**3
