@@ -251,7 +251,7 @@ class BatchBlock(Mapping):
         return len(self._batch())
 
     def __reduce__(self):
-        return _received, (ReceiptStamp(), self.block, self.structure,
+        return received_batch, (ReceiptStamp(), self.block, self.structure,
                            self.entries, self.small_end)
 
     def pin_memory(self, *args, **kwargs) -> 'BatchBlock':
@@ -309,8 +309,14 @@ def receive_packed(enabled: bool) -> bool:
     return previous
 
 
-def _received(started: float, block: torch.Tensor, structure: bytes,
-              entries: list, small_end: int):
+def received_batch(started: float, block: torch.Tensor, structure: bytes,
+                   entries: list, small_end: int):
+    """A block that reached the training process, as the consumer takes it.
+
+    A :class:`BatchBlock` while :func:`receive_packed` is on (its
+    ``receive`` stage counted from ``started``, a ``perf_counter`` time),
+    else the batch unpacked into views of ``block``.
+    """
     batch = BatchBlock(block, structure, entries, small_end)
     if not _RECEIVE_PACKED[0]:
         return batch.unpack()
