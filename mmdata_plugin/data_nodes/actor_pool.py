@@ -1,5 +1,6 @@
 """The data actors of one training process: started, checked, replaced."""
 import logging
+import socket
 from typing import Any, Callable, List, Optional
 
 from mmengine.logging import print_log
@@ -7,6 +8,8 @@ from mmengine.logging import print_log
 from ..version import __version__
 from .batch_producer import BatchProducer, NodeReport
 
+#: Seconds to wait for the cluster's head to answer.
+CONNECT_TIMEOUT = 5.0
 
 def import_ray():
     """The ``ray`` module, or an ImportError that says how to get it."""
@@ -20,6 +23,27 @@ def import_ray():
     return ray
 
 
+def _check_reachable(address: Optional[str],
+                     timeout: float = CONNECT_TIMEOUT) -> None:
+    """Fail fast on a 'host:port' or 'ray://host:port' address nothing
+    listens on (``ray.init`` would retry it for minutes)."""
+    if address is None or address == 'auto':
+        return
+    host, _, port = address.split('://')[-1].rpartition(':')
+    if not host or not port.isdigit():
+        raise ValueError(
+            f"Ray data nodes: address={address!r} is not 'host:port', "
+            "'ray://host:port', 'auto' or None")
+    try:
+        socket.create_connection((host, int(port)), timeout).close()
+    except OSError as error:
+        raise ConnectionError(
+            f'Ray data nodes: cannot reach the Ray cluster at address='
+            f'{address!r}: nothing answers at {host}:{port} within '
+            f'{timeout:g} s ({error}). Start its head with `ray start '
+            '--head` on that node, or fix the address.') from error
+
+
 def connect(address: Optional[str]) -> bool:
     """Join the Ray cluster at ``address`` (None: start one on this
     machine, unless this process is connected already).
@@ -27,6 +51,7 @@ def connect(address: Optional[str]) -> bool:
     Returns:
         bool: Whether this call connected (and so should disconnect).
     """
+    _check_reachable(address)
     ray = import_ray()
     if ray.is_initialized():
         return False
@@ -72,10 +97,14 @@ class ActorPool:
         self._actors = [self._start() for _ in range(num_actors)]
         self._turn = 0
         self.replaced = 0
-        self.nodes: List[NodeReport] = [
-            self._checked(report)
-            for report in ray.get([a.report.remote() for a in self._actors])
-        ]
+        try:
+            self.nodes: List[NodeReport] = [
+                self._checked(report) for report in ray.get(
+                    [actor.report.remote() for actor in self._actors])
+            ]
+        except BaseException:
+            self.close()
+            raise
 
     def _start(self):
         return self._remote_class.remote(*self._recipe)

@@ -9,6 +9,7 @@ passes for a DataLoader worker (``get_worker_info()`` answers), so
 per-sample seeding (``SampleSeededDataset``) and ``block_collate`` behave
 as they do in a local worker.
 """
+import os
 import socket
 from typing import Any, Callable, List, NamedTuple, Optional
 
@@ -39,6 +40,7 @@ class NodeReport(NamedTuple):
     """Where a producer runs and whether it can load the dataset."""
     host: str
     node_ip: str
+    pid: int
     version: str
     problem: Optional[str]
 
@@ -75,7 +77,8 @@ class BatchProducer:
             self.dataset[0]
         except Exception as error:  # noqa: BLE001 (reported by node)
             problem = f'{type(error).__name__}: {error}'
-        return NodeReport(socket.gethostname(), node_ip, __version__, problem)
+        return NodeReport(socket.gethostname(), node_ip, os.getpid(),
+                          __version__, problem)
 
     def produce(self, indices: List[Any]) -> ProducedBatch:
         """The batch of ``indices``, collated and packed into one block."""

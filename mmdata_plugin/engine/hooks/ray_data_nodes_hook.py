@@ -104,6 +104,8 @@ class RayDataNodesHook(Hook):
         self.resources = dict(resources or {})
         self.num_cpus = num_cpus
         self.max_inflight = max_inflight or 2 * num_actors
+        # The actors of the current (or last) run.
+        self.pool: Optional[ActorPool] = None
         self._loader: Optional[DataLoader] = None
         self._base_class: Optional[type] = None
         self._connected = False
@@ -118,10 +120,14 @@ class RayDataNodesHook(Hook):
                 'a batch sampler as train_loop.dataloader, got '
                 f'{type(loader).__name__}')
         self._connected = connect(self.address)
-        pool = ActorPool(
-            loader.dataset, loader.collate_fn, self.num_actors,
-            dict(num_cpus=self.num_cpus, resources=self.resources),
-            seed=runner.seed)
+        try:
+            self.pool = pool = ActorPool(
+                loader.dataset, loader.collate_fn, self.num_actors,
+                dict(num_cpus=self.num_cpus, resources=self.resources),
+                seed=runner.seed)
+        except BaseException:
+            self._disconnect()
+            raise
         self._install(loader, _Nodes(pool, self.max_inflight), loop)
         where = ', '.join(f'{n.host} ({n.node_ip})' for n in pool.nodes)
         runner.logger.info(
@@ -149,12 +155,15 @@ class RayDataNodesHook(Hook):
     def after_train(self, runner) -> None:
         if self._loader is None:
             return
-        self._loader._ray_data_nodes.pool.close()
+        self.pool.close()
         if type(self._loader) is _ray_loader_class(self._base_class):
             rebind_dataloader_attribute(self._loader, '__class__',
                                         self._base_class)
         del self._loader._ray_data_nodes
         self._loader = None
+        self._disconnect()
+
+    def _disconnect(self) -> None:
         if self._connected:
             import_ray().shutdown()
             self._connected = False
