@@ -75,7 +75,12 @@ def _ray_hook(runner) -> RayDataNodesHook:
 
 def test_one_actor_gives_the_batches_of_local_workers(
         cluster, local_batches, tmp_path):
-    runner = _train(tmp_path, dict(num_actors=1, **ON_DATA_NODES))
+    # block_collate's blocks reach DeviceFeedHook as blocks; the model sees
+    # the batches of pseudo_collate (tests/test_engine/
+    # test_device_feed_hook.py shows the two equal with local workers).
+    runner = _train(tmp_path, dict(num_actors=1, **ON_DATA_NODES),
+                    more_hooks=[dict(type='DeviceFeedHook')],
+                    collate=dict(type='block_collate', stack_inputs=False))
     assert runner.model.seen == local_batches
     nodes = _ray_hook(runner).pool.nodes
     assert len(nodes) == 1 and nodes[0].pid != os.getpid()
