@@ -67,6 +67,22 @@ def connect(address: Optional[str]) -> bool:
     return True
 
 
+def check_node(report: NodeReport) -> NodeReport:
+    """``report`` if its node can make batches, else a RuntimeError naming
+    the node and what is wrong there."""
+    where = f'data node {report.host} ({report.node_ip})'
+    if report.version != __version__:
+        raise RuntimeError(
+            f'{where} runs mmdata_plugin {report.version}, the trainer '
+            f'{__version__}: install the same version on every node')
+    if report.problem is not None:
+        raise RuntimeError(
+            f'{where} cannot load sample 0 of the train dataset: '
+            f'{report.problem}. Every data node needs the dataset at the '
+            'same paths as the trainer (or remote URLs).')
+    return report
+
+
 class Pending:
     """A batch of indices sent to the actor in ``slot``."""
 
@@ -99,7 +115,7 @@ class ActorPool:
         self.replaced = 0
         try:
             self.nodes: List[NodeReport] = [
-                self._checked(report) for report in ray.get(
+                check_node(report) for report in ray.get(
                     [actor.report.remote() for actor in self._actors])
             ]
         except BaseException:
@@ -108,20 +124,6 @@ class ActorPool:
 
     def _start(self):
         return self._remote_class.remote(*self._recipe)
-
-    @staticmethod
-    def _checked(report: NodeReport) -> NodeReport:
-        where = f'data node {report.host} ({report.node_ip})'
-        if report.version != __version__:
-            raise RuntimeError(
-                f'{where} runs mmdata_plugin {report.version}, the trainer '
-                f'{__version__}: install the same version on every node')
-        if report.problem is not None:
-            raise RuntimeError(
-                f'{where} cannot load sample 0 of the train dataset: '
-                f'{report.problem}. Every data node needs the dataset at '
-                'the same paths as the trainer (or remote URLs).')
-        return report
 
     def submit(self, indices: List[Any],
                slot: Optional[int] = None) -> Pending:

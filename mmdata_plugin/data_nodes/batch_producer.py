@@ -71,14 +71,14 @@ class BatchProducer:
         """This node's name and version, and the error loading the first
         sample gives here (a path missing on this node), if any."""
         import ray
-        node_ip = ray.util.get_node_ip_address()
         problem = None
         try:
             self.dataset[0]
         except Exception as error:  # noqa: BLE001 (reported by node)
             problem = f'{type(error).__name__}: {error}'
-        return NodeReport(socket.gethostname(), node_ip, os.getpid(),
-                          __version__, problem)
+        return NodeReport(socket.gethostname(),
+                          ray.util.get_node_ip_address(),
+                          os.getpid(), __version__, problem)
 
     def produce(self, indices: List[Any]) -> ProducedBatch:
         """The batch of ``indices``, collated and packed into one block."""

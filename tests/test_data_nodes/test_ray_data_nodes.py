@@ -25,6 +25,7 @@ from mmengine.hooks import Hook  # noqa: E402
 from monitor_helpers import train  # noqa: E402
 from ray.cluster_utils import Cluster  # noqa: E402
 
+from mmdata_plugin.data_nodes import NodeReport, check_node  # noqa: E402
 from mmdata_plugin.engine import RayDataNodesHook  # noqa: E402
 from mmdata_plugin.testing import python_path  # noqa: E402
 
@@ -138,6 +139,14 @@ def test_a_dataset_missing_on_the_data_nodes_is_named(cluster, tmp_path):
     assert 'data node' in message and '(127.0.0.1)' in message
     assert 'cannot load sample 0' in message
     assert str(tmp_path / 'images' / '0.png') in message
+
+
+def test_a_version_mismatch_is_named():
+    report = NodeReport('data-7', '10.0.0.7', 4242, '0.0.1', None)
+    with pytest.raises(RuntimeError,
+                       match=r'data node data-7 \(10\.0\.0\.7\) runs '
+                       r'mmdata_plugin 0\.0\.1'):
+        check_node(report)
 
 
 def test_an_unreachable_cluster_is_named(tmp_path):
