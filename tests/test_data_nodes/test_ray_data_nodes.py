@@ -100,6 +100,20 @@ def test_two_actors_and_a_resume_with_one_give_the_same_stream(
     assert resumed.model.seen == local_batches[5:]
 
 
+def test_a_stock_loop_keeps_the_order_its_early_iterator_had(
+        cluster, tmp_path):
+    # IterBasedTrainLoop starts its iterator (and workers, which prefetch
+    # from the InfiniteSampler's one generator) before any hook: the Ray
+    # stream must start the same pass. No random crop: stock loops do not
+    # seed samples.
+    stock = dict(loop='iter', crop=None, max_iters=4, monitor=False)
+    expected = train(tmp_path / 'local', num_workers=0, **stock).model.seen
+    runner = train(tmp_path / 'ray', custom_hooks=[
+        dict(type='RayDataNodesHook', num_actors=1, **ON_DATA_NODES)
+    ], **stock)
+    assert runner.model.seen == expected
+
+
 class KillActorAt(Hook):
     """kill -9 the first data actor's process after iteration ``at``."""
     priority = 'VERY_LOW'

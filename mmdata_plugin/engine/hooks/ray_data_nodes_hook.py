@@ -8,7 +8,7 @@ from torch.utils.data import DataLoader
 
 from ...data_nodes import ActorPool, RayBatchStream, connect, import_ray
 from ...utils.dataloader_slots import rebind_dataloader_attribute
-from ...utils.seeding import preserved_global_rngs
+from ...utils.started_iterators import restart_started_iterator
 
 _RAY_LOADER_CLASSES = {}
 
@@ -143,14 +143,7 @@ class RayDataNodesHook(Hook):
         # An iterator the loop started before this hook (stock
         # IterBasedTrainLoop starts one in __init__) has produced nothing
         # yet: its workers stop and a Ray stream starts the same pass.
-        holder = getattr(loop, 'dataloader_iterator', None)
-        started = getattr(holder, '_iterator', None)
-        if started is not None and not isinstance(started, RayBatchStream):
-            shutdown = getattr(started, '_shutdown_workers', None)
-            if shutdown is not None:
-                shutdown()
-            with preserved_global_rngs():
-                holder._iterator = iter(loader)
+        restart_started_iterator(loader, loop)
 
     def after_train(self, runner) -> None:
         if self._loader is None:
