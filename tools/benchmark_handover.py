@@ -45,6 +45,13 @@ def parse_args():
                         'channels_last on CUDA)')
     parser.add_argument('--collates', default='pseudo,default,block')
     parser.add_argument(
+        '--preprocess',
+        type=int,
+        default=None,
+        help='1: also time the loader followed by the data preprocessor '
+        '(default on CUDA; on a CPU its per-sample normalisation takes '
+        'seconds per batch)')
+    parser.add_argument(
         '--samples',
         default='cropped',
         choices=('cropped', 'ready'),
@@ -151,8 +158,9 @@ def handover_round(args, device, collate: str) -> dict:
     results = {}
     results['handover'] = time_run(pre.cast_data, source,
                                    args.batches, device)
-    results['preprocess'] = time_run(lambda b: pre(b, True),
-                                     source, args.batches, device)
+    if args.preprocess:
+        results['preprocess'] = time_run(lambda b: pre(b, True), source,
+                                         args.batches, device)
     del source, loader  # the workers go before the next run starts
     return results
 
@@ -227,6 +235,8 @@ def main():
     args = parse_args()
     device = torch.device(args.device)
     receive_packed(True)  # as DeviceFeedHook does while it feeds
+    if args.preprocess is None:
+        args.preprocess = device.type == 'cuda'
     collates = args.collates.split(',')
     print(f'device {device}, batch {args.batch_size} of 3x{args.size}x'
           f'{args.size} uint8 + a labelled data sample ({args.samples}), '
@@ -240,17 +250,23 @@ def main():
     print('\nHand-over alone: the loader until the batch is on the device as '
           'the data preprocessor wants it (then + the preprocessor)')
     print(f'{"collate":<16} {"samples/s":>10} {"CPU ms/batch":>13} '
-          f'{"x pseudo":>9} {"+preproc samples/s":>19} {"CPU ms":>7}')
+          f'{"x pseudo":>9}' +
+          (f' {"+preproc samples/s":>19} {"CPU ms":>7}'
+           if args.preprocess else ''))
     size = args.batch_size
     base = statistics.median(r['handover'][0] for r in runs[collates[0]])
     for collate in collates:
         rate = statistics.median(r['handover'][0] for r in runs[collate])
         cpu = statistics.median(r['handover'][1] for r in runs[collate])
-        prate = size * statistics.median(r['preprocess'][0]
-                                         for r in runs[collate])
-        pcpu = statistics.median(r['preprocess'][1] for r in runs[collate])
-        print(f'{collate + "_collate":<16} {size * rate:>10.0f} {cpu:>13.1f} '
-              f'{rate / base:>9.2f} {prate:>19.0f} {pcpu:>7.1f}')
+        row = (f'{collate + "_collate":<16} {size * rate:>10.0f} '
+               f'{cpu:>13.1f} {rate / base:>9.2f}')
+        if args.preprocess:
+            prate = size * statistics.median(r['preprocess'][0]
+                                             for r in runs[collate])
+            pcpu = statistics.median(r['preprocess'][1]
+                                     for r in runs[collate])
+            row += f' {prate:>19.0f} {pcpu:>7.1f}'
+        print(row)
     if not args.feed:
         return
     rates = feed_rounds(args, device, collates)

@@ -29,7 +29,7 @@ from ..utils.dataloader_slots import rebind_dataloader_attribute
 from ..utils.started_iterators import (restart_started_iterator,
                                        shutdown_iterator)
 from .instrument import LoaderInstrumentation
-from .statistics import StatsBook
+from .statistics import StatsBook, StepColumns
 from .verdict import build_report
 from .worker_timing import MonitoredBatch
 
@@ -303,7 +303,7 @@ class DataLoaderMonitor:
         self.timeline: List[dict] = []
         self.skipped = 0
         self.starts = 0
-        self.last_step: Optional[dict] = None
+        self._last_step: Optional[tuple] = None
         self.steps_without_batch = 0
         self._pending: Optional[tuple] = None
         self._pending_count = 0
@@ -356,40 +356,30 @@ class DataLoaderMonitor:
             dict | None: A timeline point, if this step completed one.
         """
         self._index = self._index + 1 if index is None else index
-        pending, count = self._pending, self._pending_count
-        self._pending, self._pending_count = None, 0
-        trainer, self._trainer_pending = self._trainer_pending, {}
+        trainer = self._trainer_pending
+        if trainer:
+            self._trainer_pending = {}
+        pending = self._pending
         if pending is None:
             self.steps_without_batch += 1
-            self.last_step = None
+            self._last_step = None
             return None
+        count = self._pending_count
+        self._pending, self._pending_count = None, 0
         requested, received, record = pending
         previous, self._last_received = self._last_received, received
         wait = received - requested
-        counted = False
-        if self._starting and self.count_restarts and self.starts > 1:
-            self._starting = False  # a new epoch's first batch: counted
-        if self._starting or count > 1:
-            if self._starting and count == 1:
-                self.startup.add(wait, None, record, requested, received)
-            self._starting = False
-            if count > 1:  # batches taken without a step (resume skip)
-                self._skip = max(self._skip, self.settle_iters)
-        elif self._skip > 0:
-            self._skip -= 1
-        else:
-            counted = True
         compute = requested - previous if previous is not None else None
-        self.last_step = dict(
-            wait=wait,
-            compute=compute,
-            worker=record['end'] - record['start'] if record else None,
-            counted=counted)
+        if count == 1 and not self._starting and not self._skip:
+            counted = True
+        else:
+            counted = self._counts_off_the_steady_path(count, pending)
+        self._last_step = (wait, compute, record, counted)
         if not counted:
             self.skipped += 1
             return None
-        self._unbooked.append(
-            (wait, compute, record, requested, received, trainer))
+        self._unbooked.append((wait, compute, record, requested, received,
+                               trainer or None))
         self._counted += 1
         if self._counted % self.timeline_every == 0:
             return self._close_point()
@@ -397,11 +387,49 @@ class DataLoaderMonitor:
             self._book_steps()
         return None
 
+    def _counts_off_the_steady_path(self, count: int, pending: tuple) -> bool:
+        """Whether a step right after a start or a pause, or after batches
+        taken without a step, is counted (it is not: its figures are not
+        those of the steady state); keeps the first batch after a start
+        as the start-up cost."""
+        if self._starting and self.count_restarts and self.starts > 1:
+            self._starting = False  # a new epoch's first batch: counted
+        if self._starting or count > 1:
+            if self._starting and count == 1:
+                requested, received, record = pending
+                self.startup.add(received - requested, None, record,
+                                 requested, received)
+            self._starting = False
+            if count > 1:  # batches taken without a step (resume skip)
+                self._skip = max(self._skip, self.settle_iters)
+            return False
+        if self._skip > 0:
+            self._skip -= 1
+            return False
+        return True
+
+    @property
+    def last_step(self) -> Optional[dict]:
+        """The step committed last: ``wait``, ``compute`` and ``worker``
+        time (seconds; None where not known) and whether it was
+        ``counted``; None when no batch came since the step before."""
+        if self._last_step is None:
+            return None
+        wait, compute, record, counted = self._last_step
+        return {
+            'wait': wait,
+            'compute': compute,
+            'worker': record['end'] - record['start'] if record else None,
+            'counted': counted
+        }
+
     def _book_steps(self) -> None:
         """Add the steps counted since the last call to the books."""
+        if not self._unbooked:
+            return
+        columns = StepColumns(self._unbooked)
         for book in (self._total, self._window):
-            for step in self._unbooked:
-                book.add(*step)
+            book.add_columns(columns)
         self._unbooked.clear()
 
     # ------------------------------------------------------------ results

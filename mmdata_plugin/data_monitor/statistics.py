@@ -78,6 +78,32 @@ class SampleBuffer:
         if value > self.peak:
             self.peak = value
 
+    def extend(self, series: 'Series') -> None:
+        """Add the values of ``series`` in order, as :meth:`add` would one
+        by one (the same thinned sample; sums up to rounding)."""
+        values = series.values
+        count = len(values)
+        if not count:
+            return
+        kept, stride = self.values, self.stride
+        first = -self.seen % stride
+        while first < count:
+            # Appending `room` values overflows the capacity: thin there.
+            room = self.capacity + 1 - len(kept)
+            taken = values[first:first + room * stride:stride].tolist()
+            kept += taken
+            first += len(taken) * stride
+            if len(kept) > self.capacity:
+                del kept[1::2]
+                # The next kept value lies on the doubled stride's grid.
+                first += (-(self.seen + first)) % (2 * stride)
+                stride = self.stride = 2 * stride
+        self.seen += count
+        self.total += series.total
+        self.squares += series.squares
+        if series.peak > self.peak:
+            self.peak = series.peak
+
     def describe(self) -> dict:
         return describe(self.values, self.total, self.seen, self.peak)
 
@@ -92,6 +118,111 @@ class SampleBuffer:
         return 1e3 * math.sqrt(variance / n * (1 - n / population))
 
 
+class Series:
+    """One figure over a run of steps, with the sums a :class:`SampleBuffer`
+    keeps: reduced once for all the books the run goes to.
+
+    Args:
+        values (np.ndarray): The figure per step, in step order.
+    """
+
+    __slots__ = ('values', 'total', 'squares', 'peak')
+
+    def __init__(self, values: np.ndarray) -> None:
+        self.values = values
+        self.total = float(values.sum())
+        self.squares = float(values @ values)
+        self.peak = float(values.max()) if len(values) else 0.0
+
+
+class WorkerRun:
+    """The batches of one worker process within a run of steps.
+
+    Args:
+        records (list[dict]): Their worker records.
+        time (Series): Their worker times.
+        transfer (float): Their transfer times' sum.
+        slack (float): Their slacks' sum.
+        cpu (float): Their CPU times' sum.
+    """
+
+    __slots__ = ('pids', 'timed', 'time', 'transfer', 'slack', 'cpu')
+
+    def __init__(self, records: List[dict], time: Series, transfer: float,
+                 slack: float, cpu: float) -> None:
+        self.pids = {record['pid'] for record in records}
+        self.timed = [record for record in records if _is_timed(record)]
+        self.time = time
+        self.transfer = transfer
+        self.slack = slack
+        self.cpu = cpu
+
+
+def _is_timed(record: dict) -> bool:
+    # Records of older versions have no 'timed': every batch was.
+    return record.get('timed', True)
+
+
+def _column(values: list) -> np.ndarray:
+    return np.fromiter(values, float, len(values))
+
+
+class StepColumns:
+    """A run of counted steps as columns, to add them to books in bulk.
+
+    Adding steps one at a time costs a dozen method calls each; a run of
+    them costs a few numpy reductions per figure, shared by every book.
+
+    Args:
+        steps (list[tuple]): Per step ``(wait, compute, record, t_request,
+            t_received, trainer)``, the arguments of :meth:`StatsBook.add`.
+    """
+
+    def __init__(self, steps: List[tuple]) -> None:
+        self.wait = Series(_column([step[0] for step in steps]))
+        self.compute = Series(
+            _column([step[1] for step in steps if step[1] is not None]))
+        self.trainer = [step[5] for step in steps if step[5]]
+        recorded = [step for step in steps if step[2] is not None]
+        records = [step[2] for step in recorded]
+        requested = _column([step[3] for step in recorded])
+        received = _column([step[4] for step in recorded])
+        end = _column([record['end'] for record in records])
+        worker_time = end - _column([record['start'] for record in records])
+        transfer = received - np.maximum(requested, end)
+        slack = requested - end
+        cpu = _column([record['cpu'] for record in records])
+        self.worker = Series(worker_time)
+        self.transfer = Series(transfer)
+        self.slack = Series(slack)
+        self.samples = sum([record['samples'] for record in records])
+        self.cpu = float(cpu.sum())
+        self.timed = [record for record in records if _is_timed(record)]
+        self.workers = self._by_worker(records, worker_time, transfer, slack,
+                                       cpu)
+
+    def _by_worker(self, records: List[dict], worker_time: np.ndarray,
+                   transfer: np.ndarray, slack: np.ndarray,
+                   cpu: np.ndarray) -> Dict[int, WorkerRun]:
+        ids = [record['worker'] for record in records]
+        if len(set(ids)) == 1:  # one worker, or none: no need to split
+            return {
+                ids[0]:
+                WorkerRun(records, self.worker, self.transfer.total,
+                          self.slack.total, self.cpu)
+            }
+        ids_array = np.array(ids)
+        runs = {}
+        for worker in dict.fromkeys(ids):
+            mine = np.flatnonzero(ids_array == worker)
+            runs[worker] = WorkerRun([records[i] for i in mine],
+                                     Series(worker_time[mine]),
+                                     float(transfer[mine].sum()),
+                                     float(slack[mine].sum()),
+                                     float(cpu[mine].sum()))
+        return runs
+
+
 class WorkerStats:
     """Batches produced by one worker process."""
 
@@ -104,18 +235,17 @@ class WorkerStats:
         self.slack = 0.0
         self.cpu = 0.0
 
-    def add(self, record: dict, worker_time: float, transfer: float,
-            slack: float, timed: bool) -> None:
-        self.time.add(worker_time)
-        self.pids.add(record['pid'])
-        if timed:
-            self.timed += 1
-            totals = self.stage_totals
+    def add_run(self, run: WorkerRun) -> None:
+        self.time.extend(run.time)
+        self.pids |= run.pids
+        self.timed += len(run.timed)
+        totals = self.stage_totals
+        for record in run.timed:
             for key, value in record['stages'].items():
                 totals[key] += value
-        self.transfer += transfer
-        self.slack += slack
-        self.cpu += record['cpu']
+        self.transfer += run.transfer
+        self.slack += run.slack
+        self.cpu += run.cpu
 
     def summary(self, worker: int) -> dict:
         batches = self.time.seen
@@ -182,32 +312,30 @@ class StatsBook:
             trainer (dict, optional): The training process's data work
                 for this step (seconds by stage).
         """
-        self.wait.add(wait)
-        if trainer:
-            for key, seconds in trainer.items():
+        self.add_columns(
+            StepColumns([(wait, compute, record, t_request, t_received,
+                          trainer)]))
+
+    def add_columns(self, columns: StepColumns) -> None:
+        """Add a run of counted steps (see :meth:`add`)."""
+        self.wait.extend(columns.wait)
+        for stages in columns.trainer:
+            for key, seconds in stages.items():
                 self.trainer[key] += seconds
-        if compute is not None:
-            self.compute.add(compute)
-        if record is None:
-            return
-        end = record['end']
-        worker_time = end - record['start']
-        slack = t_request - end
-        transfer = t_received - (t_request if t_request > end else end)
-        self.worker.add(worker_time)
-        self.transfer.add(transfer)
-        self.slack.add(slack)
-        self.samples += record['samples']
-        self.cpu += record['cpu']
-        # Records of older versions have no 'timed': every batch was.
-        timed = record.get('timed', True)
-        if timed:
+        self.compute.extend(columns.compute)
+        self.worker.extend(columns.worker)
+        self.transfer.extend(columns.transfer)
+        self.slack.extend(columns.slack)
+        self.samples += columns.samples
+        self.cpu += columns.cpu
+        for record in columns.timed:
             self._add_stages(record)
-        worker = self.workers.get(record['worker'])
-        if worker is None:
-            worker = self.workers[record['worker']] = WorkerStats(
-                min(self.capacity, 1024))
-        worker.add(record, worker_time, transfer, slack, timed)
+        for worker, run in columns.workers.items():
+            stats = self.workers.get(worker)
+            if stats is None:
+                stats = self.workers[worker] = WorkerStats(
+                    min(self.capacity, 1024))
+            stats.add_run(run)
 
     def _add_stages(self, record: dict) -> None:
         self.timed += 1

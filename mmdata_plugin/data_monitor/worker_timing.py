@@ -178,28 +178,40 @@ class BatchAccumulator:
             self.restart_sampling()
 
     def take_record(self, collate_start: float, collate_end: float) -> dict:
-        """The record of the batch just collated; starts the next one."""
+        """The record of the batch just collated; starts the next one.
+
+        An untimed batch's record holds only its exact totals: no stage
+        figures were taken, and the books read none from it.
+        """
         if self.t_first is None:  # nothing was timed before the collate
             self.t_first, self.cpu_first = collate_start, _thread_time()
-        stages = self.stages
-        stages[COLLATE] = stages.get(COLLATE, 0.0) + (
-            collate_end - collate_start)
         cpu = _thread_time() - self.cpu_first
         pid, worker = _process_ids()
-        record = dict(
-            pid=pid,
-            worker=worker,
-            samples=self.samples,
-            start=self.t_first,
-            end=collate_end,
-            cpu=cpu,
-            stages=stages,
-            drops=self.drops,
-            refetch_time=self.refetch_time,
-            timed=self.timing)
+        timed = self.timing
+        record = {
+            'pid': pid,
+            'worker': worker,
+            'samples': self.samples,
+            'start': self.t_first,
+            'end': collate_end,
+            'cpu': cpu,
+            'timed': timed
+        }
+        if timed:
+            stages = self.stages
+            stages[COLLATE] = stages.get(COLLATE, 0.0) + (
+                collate_end - collate_start)
+            record.update(
+                stages=stages,
+                drops=self.drops,
+                refetch_time=self.refetch_time)
         if self.plans:
             self._schedule(cpu)
-        self.reset()
+        if timed or self.regions:
+            self.reset()
+        else:  # nothing was timed: the containers are empty, keep them
+            self.samples = 0
+            self.t_first = None
         return record
 
     def _schedule(self, batch_cpu: float) -> None:
@@ -375,7 +387,7 @@ class MonitoredBatch:
     custom batch types, so ``pin_memory=True`` pins the inner batch.
     ``trainer_stages`` holds what receiving (unpickling, the shared-memory
     segments' file-descriptor round trips included) and pinning the batch
-    cost the training process, in seconds.
+    cost the training process, in seconds (None: nothing yet).
     """
 
     __slots__ = ('batch', 'record', 'trainer_stages')
@@ -386,14 +398,14 @@ class MonitoredBatch:
                  trainer_stages: Optional[dict] = None) -> None:
         self.batch = batch
         self.record = record
-        self.trainer_stages = trainer_stages or {}
+        self.trainer_stages = trainer_stages
 
     def pin_memory(self, *args, **kwargs) -> 'MonitoredBatch':
         start = _perf_counter()
         batch = _pin_memory(self.batch, *args, **kwargs)
         return MonitoredBatch(
             batch, self.record,
-            dict(self.trainer_stages, pin=_perf_counter() - start))
+            dict(self.trainer_stages or (), pin=_perf_counter() - start))
 
     def __reduce__(self):
         return _received, (ReceiptStamp(), self.batch, self.record)

@@ -33,6 +33,7 @@ class ProducedBatch(NamedTuple):
     structure: bytes
     entries: list
     small_end: int
+    complete: bool
     is_block: bool
 
 
@@ -87,4 +88,5 @@ class BatchProducer:
         if not is_block:
             batch = pack_batch(batch)
         return ProducedBatch(batch.block.numpy(), batch.structure,
-                             batch.entries, batch.small_end, is_block)
+                             batch.entries, batch.small_end, batch.complete,
+                             is_block)

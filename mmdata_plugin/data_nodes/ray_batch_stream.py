@@ -62,10 +62,11 @@ class RayBatchStream:
         block = _host_block(produced.block)
         if produced.is_block:
             batch = received_batch(started, block, produced.structure,
-                                   produced.entries, produced.small_end)
+                                   produced.entries, produced.small_end,
+                                   produced.complete)
         else:
             batch = BatchBlock(block, produced.structure, produced.entries,
-                               produced.small_end).unpack()
+                               produced.small_end, produced.complete).unpack()
         return pin_memory(batch) if self._pin else batch
 
     def _fill(self) -> None:

@@ -9,12 +9,15 @@ uint8 block and pickles the rest of the structure (data samples, boxes,
 metainfo: whatever the wrapped collate made) without them. The training
 process receives one segment, pins it with one copy, moves it to the device
 with one copy, and :meth:`BatchBlock.unpack` rebuilds the structure with
-views into the block: the same types, shapes, dtypes and bytes.
+views into the block: the same types, shapes, dtypes and bytes. An object
+referenced twice comes out as one object; two different tensors that view
+one storage (slices of one tensor, ``expand``) come out as two contiguous
+copies of what they show, with no memory shared between them.
 
-Layout: tensors below :data:`SMALL_BYTES` (labels, boxes, metainfo
-arrays) come first and are cloned out of the block when unpacked, so a
-consumer that keeps a label (an evaluator collecting ``gt_label``) keeps a
-few bytes alive, not the batch's pixels.
+Layout: tensors and arrays below :data:`SMALL_BYTES` (labels, boxes,
+metainfo arrays) come first and are cloned out of the block when unpacked,
+so a consumer that keeps a label (an evaluator collecting ``gt_label``)
+keeps a few bytes alive, not the batch's pixels.
 """
 import io
 import pickle
@@ -85,7 +88,7 @@ class _Entry:
         return self.kind, self.dtype, self.shape, self.nbytes, self.offset
 
 
-def _is_packable_tensor(obj) -> bool:
+def is_packable_tensor(obj) -> bool:
     # Subclasses (nn.Parameter, tensor subclasses of other libraries) carry
     # state of their own: they travel as torch sends them.
     return (type(obj) is torch.Tensor and obj.device.type == 'cpu'
@@ -103,9 +106,18 @@ class _PackingPickler(pickle.Pickler):
     def __init__(self, file) -> None:
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
         self.entries: List[_Entry] = []
+        # pickle asks persistent_id before its memo: without this, a tensor
+        # referenced twice would be packed twice and come out as two.
+        self._ids = {}
+        # Whether every tensor went into the block (others are pickled and
+        # stay on the host wherever the block goes).
+        self.complete = True
 
     def persistent_id(self, obj) -> Optional[int]:
-        if _is_packable_tensor(obj):
+        pid = self._ids.get(id(obj))
+        if pid is not None:
+            return pid
+        if is_packable_tensor(obj):
             entry = _Entry('tensor', [obj], obj.dtype, tuple(obj.shape),
                            obj.numel() * obj.element_size())
         elif _is_packable_array(obj):
@@ -117,8 +129,13 @@ class _PackingPickler(pickle.Pickler):
                            len(obj.tensors) * first.numel() *
                            first.element_size())
         else:
+            if isinstance(obj, (torch.Tensor, torch.UntypedStorage,
+                                torch.TypedStorage)):
+                self.complete = False
             return None
         self.entries.append(entry)
+        # entry.items keeps obj alive, so its id is not reused meanwhile.
+        self._ids[id(obj)] = len(self.entries) - 1
         return len(self.entries) - 1
 
 
@@ -172,7 +189,8 @@ def pack_batch(batch: dict) -> 'BatchBlock':
     for entry in entries:
         _copy_in(block, entry)
     return BatchBlock(block, buffer.getvalue(),
-                      [entry.plain() for entry in entries], small_end)
+                      [entry.plain() for entry in entries], small_end,
+                      pickler.complete)
 
 
 class _ViewingUnpickler(pickle.Unpickler):
@@ -185,12 +203,22 @@ class _ViewingUnpickler(pickle.Unpickler):
         self.entries = entries
         self.small, self.large, self.host = small, large, host
         self.small_end = small_end
+        self._host_small: Optional[torch.Tensor] = None
+        self._loaded = {}
 
     def persistent_load(self, pid: int):
+        # One object per entry: what was one object before packing (a
+        # tensor referenced twice) is one object again.
+        loaded = self._loaded.get(pid)
+        if loaded is None:
+            loaded = self._loaded[pid] = self._view(pid)
+        return loaded
+
+    def _view(self, pid: int):
         kind, dtype, shape, nbytes, offset = self.entries[pid]
         if kind == 'array':
             # numpy arrays stay on the host whatever the device.
-            data = self.host[offset:offset + nbytes].numpy()
+            data = self._host_region(offset)[offset:offset + nbytes].numpy()
             return data.view(dtype).reshape(shape)
         if offset < self.small_end or nbytes == 0:
             source = self.small[offset:offset + nbytes]
@@ -198,6 +226,18 @@ class _ViewingUnpickler(pickle.Unpickler):
             start = offset - self.small_end
             source = self.large[start:start + nbytes]
         return source.view(dtype).view(shape)
+
+    def _host_region(self, offset: int) -> torch.Tensor:
+        """What a numpy array at ``offset`` views: for a small one a copy
+        of the small region (as for small tensors), so that keeping it does
+        not keep the whole, maybe pinned, block alive."""
+        if offset >= self.small_end:
+            return self.host
+        if self._host_small is None:
+            self._host_small = (
+                self.small if self.small.device == self.host.device else
+                self.host[:self.small_end].clone())
+        return self._host_small
 
 
 class BatchBlock(Mapping):
@@ -222,17 +262,25 @@ class BatchBlock(Mapping):
         entries (list[tuple]): ``(kind, dtype, shape, nbytes, offset)`` of
             each tensor, array or stack, by persistent id.
         small_end (int): Where the region of small tensors ends.
+        complete (bool): Whether every tensor of the batch is in the block
+            (not tensor subclasses or tensors that require grad, which are
+            pickled in ``structure``). Defaults to True.
     """
 
-    __slots__ = ('block', 'structure', 'entries', 'small_end',
+    __slots__ = ('block', 'structure', 'entries', 'small_end', 'complete',
                  'handover_stages', '_unpacked')
 
-    def __init__(self, block: torch.Tensor, structure: bytes, entries: list,
-                 small_end: int) -> None:
+    def __init__(self,
+                 block: torch.Tensor,
+                 structure: bytes,
+                 entries: list,
+                 small_end: int,
+                 complete: bool = True) -> None:
         self.block = block
         self.structure = structure
         self.entries = entries
         self.small_end = small_end
+        self.complete = complete
         self.handover_stages = {}
         self._unpacked: Optional[dict] = None
 
@@ -252,7 +300,7 @@ class BatchBlock(Mapping):
 
     def __reduce__(self):
         return received_batch, (ReceiptStamp(), self.block, self.structure,
-                           self.entries, self.small_end)
+                                self.entries, self.small_end, self.complete)
 
     def pin_memory(self, *args, **kwargs) -> 'BatchBlock':
         start = _perf_counter()
@@ -284,7 +332,7 @@ class BatchBlock(Mapping):
         Args:
             small, large (Tensor, optional): The block's two regions on the
                 target device (:meth:`to_device`); the host block's by
-                default. Numpy arrays always view the host block.
+                default. Numpy arrays always stay on the host.
         """
         if small is None:
             small, large = self.to_device(self.block.device)
@@ -310,14 +358,14 @@ def receive_packed(enabled: bool) -> bool:
 
 
 def received_batch(started: float, block: torch.Tensor, structure: bytes,
-                   entries: list, small_end: int):
+                   entries: list, small_end: int, complete: bool = True):
     """A block that reached the training process, as the consumer takes it.
 
     A :class:`BatchBlock` while :func:`receive_packed` is on (its
     ``receive`` stage counted from ``started``, a ``perf_counter`` time),
     else the batch unpacked into views of ``block``.
     """
-    batch = BatchBlock(block, structure, entries, small_end)
+    batch = BatchBlock(block, structure, entries, small_end, complete)
     if not _RECEIVE_PACKED[0]:
         return batch.unpack()
     batch.handover_stages['receive'] = _perf_counter() - started

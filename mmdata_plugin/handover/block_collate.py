@@ -6,7 +6,7 @@ import torch
 from mmengine.registry import FUNCTIONS
 from torch.utils.data import get_worker_info
 
-from .batch_block import Stacked, pack_batch
+from .batch_block import Stacked, is_packable_tensor, pack_batch
 
 
 def _wrapped_collate(collate: Union[str, Callable]) -> Callable:
@@ -21,18 +21,22 @@ def _wrapped_collate(collate: Union[str, Callable]) -> Callable:
 
 
 def _stack_inputs(batch: Any) -> Any:
-    """Mark an equal-shape list of image tensors under ``inputs`` for
+    """Mark an equal-shape list of (C, H, W) tensors under ``inputs`` for
     stacking (what ``default_collate`` does, without its copy in the
     trainer)."""
     if not isinstance(batch, dict):
         return batch
     inputs = batch.get('inputs')
+    # Only tensors that go into the block can be stacked into it.
     if not isinstance(inputs, list) or not inputs or not all(
-            type(t) is torch.Tensor for t in inputs):
+            is_packable_tensor(t) for t in inputs):
         return batch
     first = inputs[0]
-    if any(t.shape != first.shape or t.dtype != first.dtype
-           for t in inputs):
+    # (C, H, W) images only: the data preprocessors that take a stacked
+    # batch take it as NCHW (ImgDataPreprocessor asserts it), while a list
+    # of (H, W) or (C, D, H, W) tensors is padded and stacked by them.
+    if first.dim() != 3 or any(t.shape != first.shape
+                               or t.dtype != first.dtype for t in inputs):
         return batch
     return dict(batch, inputs=Stacked(inputs))
 
@@ -59,11 +63,12 @@ def block_collate(data_batch: Sequence,
         collate (str | callable): The collate to wrap, a name registered in
             mmengine's ``FUNCTIONS`` or a function. Defaults to
             ``'pseudo_collate'``.
-        stack_inputs (bool): Give a list of equal-shape image tensors under
-            ``inputs`` as one stacked tensor (mmengine's, mmpretrain's,
-            mmdet's and mmseg's data preprocessors accept either, and
-            normalise a stacked batch in one go); lists of different shapes
-            stay lists. False keeps the wrapped collate's exact structure.
+        stack_inputs (bool): Give a list of equal-shape (C, H, W) image
+            tensors under ``inputs`` as one stacked tensor (mmengine's,
+            mmpretrain's, mmdet's and mmseg's data preprocessors accept
+            either, and normalise a stacked batch in one go); lists of
+            different shapes or of other ranks stay lists. False keeps the
+            wrapped collate's exact structure.
             Defaults to True.
     """
     batch = _wrapped_collate(collate)(data_batch)

@@ -44,6 +44,18 @@ def pass_device_batches(cast_data: Callable) -> Callable:
     return cast
 
 
+class _Failed:
+    """A batch whose loading raised: ``result`` raises it again."""
+
+    __slots__ = ('error', )
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    def result(self):
+        raise self.error
+
+
 class _Placed:
     """A batch that needs no placing, with a future's ``result``."""
 
@@ -120,7 +132,9 @@ class DeviceFeeder:
         if self._ahead is _END:
             raise StopIteration
         placing = self._ahead
-        self._ahead = self._take()
+        # After a failed batch the next one is taken at the next call, as
+        # the loader alone would load it.
+        self._ahead = None if type(placing) is _Failed else self._take()
         start = _perf_counter()
         batch, ready, stages = placing.result()
         if ready is not None:
@@ -132,11 +146,17 @@ class DeviceFeeder:
         return batch
 
     def _take(self):
-        """Take the next batch and start placing it; ``_END`` at the end."""
+        """Take the next batch and start placing it; ``_END`` at the end.
+
+        An error loading it (a worker's exception) is raised when that batch
+        is due, after the batch before it was handed out.
+        """
         try:
             item = next(self.iterator)
         except StopIteration:
             return _END
+        except Exception as error:  # raised when its batch is due
+            return _Failed(error)
         if not isinstance(item, BatchBlock):
             return _Placed(
                 (item, None, dict(getattr(item, 'handover_stages', {}))))
@@ -162,6 +182,8 @@ class DeviceFeeder:
             large.record_stream(consumer)
         batch = item.unpack(small, large)
         stages = dict(item.handover_stages, unpack=_perf_counter() - start)
-        if type(batch) is dict:
+        if type(batch) is dict and item.complete:
+            # Tensors left out of the block are still on the host: such a
+            # batch goes through cast_data, which moves them.
             batch = DeviceBatch(batch)
         return batch, ready, stages

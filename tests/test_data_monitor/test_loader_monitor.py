@@ -1,4 +1,5 @@
 """DataLoaderMonitor on plain DataLoaders (the API benchmark tools use)."""
+import copy
 import pickle
 
 import mmcv
@@ -278,6 +279,27 @@ def test_sampled_batches_estimate_stages_and_keep_totals_exact():
     assert not any(
         isinstance(t, TimedTransform) for t in dataset.pipeline.transforms)
     assert not hasattr(mmcv.imfrombytes, '_data_monitor_original')
+
+
+def test_records_keep_their_figures_and_untimed_ones_only_totals():
+    # No workers: records are not pickled, so one that shared a container
+    # with the next batch's would change after it was taken.
+    dataset = SleepyDataset(num=48, pipeline=sleepy_pipeline((0, 0)))
+    loader = _loader(dataset, collate_fn=SleepyCollate(0))
+    with DataLoaderMonitor(loader, warmup_iters=0, sample_every=2):
+        raw = iter(loader)._iterator  # the batches with their records
+        records, taken = [], []
+        for batch in raw:
+            records.append(batch.record)
+            taken.append(copy.deepcopy(batch.record))
+    assert records == taken
+    assert [r['timed'] for r in records[:6]] == [True, False] * 3
+    untimed = records[1]
+    assert untimed.keys() == {
+        'pid', 'worker', 'samples', 'start', 'end', 'cpu', 'timed'
+    }
+    assert untimed['samples'] == 2 and untimed['end'] > untimed['start']
+    assert records[2]['stages'].keys() >= {'fetch', 'collate'}
 
 
 @pytest.mark.parametrize('pin', [False, True])

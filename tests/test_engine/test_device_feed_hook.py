@@ -5,7 +5,8 @@ import json
 import os.path as osp
 
 import pytest
-from monitor_helpers import SleepyDataset, train
+from mmengine.evaluator import BaseMetric
+from monitor_helpers import SleepyDataset, sleepy_pipeline, train
 from torch.utils.data import DataLoader
 
 from mmdata_plugin.engine import DeviceFeedHook
@@ -82,3 +83,85 @@ def test_blocks_without_the_hook_read_as_the_batch(tmp_path, reference):
     # The data preprocessor's cast_data walks the block as a Mapping.
     runner = train(tmp_path, collate=BLOCK, monitor=True)
     assert runner.model.seen == reference('iter')
+
+
+def test_without_workers_the_pipeline_draws_where_it_draws_without_the_hook(
+        tmp_path):
+    # The fast-resume loop reseeds the main process at each iteration; a
+    # pipeline running there (no workers, no per-sample seeds) must load
+    # batch i after that reseeding, not during step i-1.
+    train_cfg = dict(type='FastResumeIterBasedTrainLoop', max_iters=6,
+                     seed_per_sample=False)
+    fed = train(tmp_path / 'fed', num_workers=0, collate=BLOCK, feed=True,
+                monitor=False, train_cfg=train_cfg)
+    plain = train(tmp_path / 'plain', num_workers=0, monitor=False,
+                  collate=BLOCK, train_cfg=train_cfg)
+    assert fed.model.seen == plain.model.seen
+
+
+class BatchTypeMetric(BaseMetric):
+    """Records the type of each validation batch in ``seen``."""
+
+    seen = []
+
+    def process(self, data_batch, data_samples):
+        self.seen.append(type(data_batch).__name__)
+        self.results.append(len(data_samples))
+
+    def compute_metrics(self, results):
+        return dict(samples=sum(results))
+
+
+@pytest.mark.parametrize('pin', [False, True])
+def test_validation_gets_the_batches_it_gets_without_the_hook(tmp_path, pin):
+    types = {}
+    for feed in (False, True):
+        BatchTypeMetric.seen.clear()
+        train(
+            tmp_path / str(feed), collate=BLOCK, feed=feed, monitor=False,
+            max_iters=4, pin=pin,
+            train_cfg=dict(type='IterBasedTrainLoop', max_iters=4,
+                           val_interval=2),
+            val_dataloader=dict(
+                batch_size=4, num_workers=2, pin_memory=pin,
+                collate_fn=dict(type='block_collate'),
+                dataset=SleepyDataset(num=8, pipeline=sleepy_pipeline((), 8)),
+                sampler=dict(type='DefaultSampler', shuffle=False)),
+            val_cfg=dict(type='ValLoop'),
+            val_evaluator=dict(type=BatchTypeMetric))
+        types[feed] = set(BatchTypeMetric.seen)
+    assert types[True] == types[False] == {'dict'}
+
+
+def test_a_fed_fast_resume_run_resumes_bitwise(tmp_path):
+    # The feeder takes one batch ahead; the saved position counts the
+    # batches it handed out, so the resumed run continues where the model
+    # stopped.
+    kwargs = dict(collate=dict(type='block_collate'), feed=True,
+                  monitor=False)
+
+    def loop(max_iters):
+        return dict(type='FastResumeIterBasedTrainLoop', max_iters=max_iters)
+
+    reference = train(tmp_path / 'ref', train_cfg=loop(8), **kwargs)
+    checkpoint = dict(type='CheckpointHook', interval=4, by_epoch=False)
+    train(tmp_path / 'run', train_cfg=loop(4),
+          default_hooks=dict(checkpoint=checkpoint), **kwargs)
+    resumed = train(tmp_path / 'run', train_cfg=loop(8), resume=True,
+                    load_from=str(tmp_path / 'run' / 'iter_4.pth'), **kwargs)
+    assert resumed.model.seen == reference.model.seen[4:]
+
+
+@pytest.mark.parametrize('loop', ['iter', 'lazy'])
+def test_no_batch_stays_placed_after_training(tmp_path, loop):
+    # The loop keeps its iterator after train() (for a later test() or
+    # val()); the batch the feeder placed ahead must not stay on the device
+    # with it.
+    import gc
+
+    from mmdata_plugin.handover import DeviceBatch
+    runner = train(tmp_path, loop=loop, collate=BLOCK, feed=True,
+                   monitor=False)
+    gc.collect()
+    assert runner.train_loop.dataloader_iterator is not None
+    assert not [o for o in gc.get_objects() if type(o) is DeviceBatch]

@@ -101,3 +101,81 @@ def test_unpacking_onto_another_device_keeps_arrays_on_the_host():
     assert isinstance(sample.gt_instances.masks.masks, np.ndarray)
     assert np.array_equal(sample.gt_instances.masks.masks,
                           batch['data_samples'][0].gt_instances.masks.masks)
+
+
+def test_an_object_referenced_twice_comes_back_as_one_object():
+    # As through torch's own hand-over (pickle's memo): packed once, one
+    # object again, an in-place change seen through both references.
+    label = torch.tensor([3])
+    mask = np.ones((2, 2), dtype=bool)
+    batch = dict(inputs=[label], data_samples=[dict(label=label, m=mask)],
+                 masks=[mask])
+    block = _through_pickle(pack_batch(batch))
+    assert len(block.entries) == 2
+    out = block.unpack()
+    assert out['inputs'][0] is out['data_samples'][0]['label']
+    assert out['masks'][0] is out['data_samples'][0]['m']
+    assert_same(out, batch)
+
+
+@pytest.mark.parametrize('device', ['cpu', 'meta'])
+def test_a_kept_small_array_does_not_keep_the_pixels_alive(device):
+    # mmdet's gt_ignore_flags, mmpose's keypoints: small numpy arrays that
+    # an evaluator or a hook may keep after the batch died.
+    batch = dict(inputs=torch.zeros(8, 3, 64, 64, dtype=torch.uint8),
+                 flags=np.array([True, False, True]),
+                 masks=np.ones((2, 64, 64), dtype=bool))
+    block = _through_pickle(pack_batch(batch))
+    out = block.unpack(*block.to_device(torch.device(device)))
+    assert_same(out['flags'], batch['flags'])
+    assert_same(out['masks'], batch['masks'])
+    kept = out['flags'].base
+    while not isinstance(kept, torch.Tensor):
+        kept = kept.base
+    assert kept.untyped_storage().nbytes() < SMALL_BYTES
+
+
+class TaggedTensor(torch.Tensor):
+    """A tensor subclass (as torchvision's tv_tensors): not packed."""
+
+
+def test_a_batch_with_tensors_left_unpacked_goes_through_cast_data():
+    # The feeder lets a DeviceBatch skip the data preprocessor's cast_data:
+    # only right when every tensor in it is on the device already. A tensor
+    # subclass or a tensor that requires grad travels pickled, on the host.
+    from mmdata_plugin.handover import DeviceBatch, DeviceFeeder
+    meta = torch.device('meta')
+    image = torch.zeros(3, 8, 8, dtype=torch.uint8)
+    for odd in (torch.ones(2).as_subclass(TaggedTensor),
+                torch.ones(2, requires_grad=True)):
+        block = _through_pickle(pack_batch(dict(inputs=image, odd=odd)))
+        fed = next(DeviceFeeder(iter([block]), meta))
+        assert type(fed) is dict
+        assert fed['inputs'].device == meta
+    plain = _through_pickle(pack_batch(dict(inputs=image, label=[1])))
+    assert type(next(DeviceFeeder(iter([plain]), meta))) is DeviceBatch
+
+
+def test_inputs_that_cannot_go_into_the_block_are_not_stacked_into_it():
+    # torch.stack(out=...) into the block refuses tensors that require grad
+    # and sparse ones: they stay a list, pickled as torch sends them.
+    for inputs in ([torch.ones(3, requires_grad=True)] * 2,
+                   [torch.ones(3).to_sparse()] * 2):
+        batch = dict(inputs=list(inputs))
+        assert _stack_inputs(batch) is batch
+        out = _through_pickle(pack_batch(batch)).unpack()
+        assert len(out['inputs']) == 2
+        assert all(torch.equal(t.to_dense(), torch.ones(3))
+                   for t in out['inputs'])
+
+
+def test_views_of_one_storage_come_out_as_separate_copies():
+    # The documented limit: values kept, memory no longer shared.
+    base = torch.arange(10000.)
+    batch = dict(head=base[:6000], tail=base[4000:], wide=base[:3].expand(
+        5, 3))
+    out = _through_pickle(pack_batch(batch)).unpack()
+    assert_same(out, batch)
+    out['head'][5000] = -1
+    assert out['tail'][1000] == 5000
+    assert out['wide'].is_contiguous()

@@ -142,3 +142,47 @@ def test_without_a_feeder_blocks_arrive_as_the_batch_dict():
     batches = list(_loader('detection', block_collate))
     assert all(type(b) is dict for b in batches)
     assert_same(batches, _expected('detection', stack=True))
+
+
+class _FailsAt:
+    """Yields 0, 1, ... and raises at ``fail`` (once), as a DataLoader
+    iterator re-raises a worker's exception and then goes on."""
+
+    def __init__(self, fail: int, length: int) -> None:
+        self.fail, self.length, self.next = fail, length, 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        index = self.next
+        self.next += 1
+        if index == self.length:
+            raise StopIteration
+        if index == self.fail:
+            raise ValueError(f'sample {index} is broken')
+        return dict(index=index)
+
+
+def test_a_loading_error_surfaces_when_its_batch_is_due():
+    # The feeder takes batch i+1 when it hands out batch i; an error loading
+    # i+1 must not lose batch i, and later batches still come.
+    feeder = DeviceFeeder(_FailsAt(2, 5), torch.device('cpu'))
+    got = [next(feeder)['index'], next(feeder)['index']]
+    with pytest.raises(ValueError, match='sample 2 is broken'):
+        next(feeder)
+    got += [batch['index'] for batch in feeder]
+    assert got == [0, 1, 3, 4]
+
+
+@pytest.mark.parametrize('shape', [(8, 8), (1, 4, 8, 8)])
+def test_inputs_that_are_not_images_stay_a_list(shape):
+    # ImgDataPreprocessor takes a stacked batch as NCHW only; it pads and
+    # stacks a list of (H, W) or (C, D, H, W) tensors itself.
+    from mmengine.model import ImgDataPreprocessor
+    samples = [dict(inputs=torch.full(shape, i, dtype=torch.uint8))
+               for i in range(2)]
+    collated = block_collate(samples)
+    assert type(collated['inputs']) is list
+    preprocessor = ImgDataPreprocessor(pad_size_divisor=16)
+    assert_same(preprocessor(collated), preprocessor(pseudo_collate(samples)))

@@ -11,7 +11,8 @@ def test_benchmark_reports_each_collate_and_the_fed_model():
     out = run_command([
         sys.executable, f'{REPO_ROOT}/tools/benchmark_handover.py',
         '--device', 'cpu', '--batch-size', '8', '--size', '32',
-        '--batches', '2', '--rounds', '1', '--samples', 'ready', '--feed'
+        '--batches', '2', '--rounds', '1', '--samples', 'ready', '--feed',
+        '--preprocess', '1'
     ],
                       env=cpu_env(dict(PYTHONPATH=python_path(REPO_ROOT))),
                       timeout=300).stdout

@@ -57,7 +57,7 @@ def test_planner_scale_is_measured_against_belady():
         sys.executable, f'{REPO_ROOT}/tools/benchmark_remote_cache.py',
         '--planner-scale', '2e4', '--planner-horizon', '512'
     ],
-                      env=cpu_env(dict(PYTHONPATH=REPO_ROOT)),
+                      env=cpu_env(dict(PYTHONPATH=python_path(REPO_ROOT))),
                       timeout=300).stdout
     row = out.strip().splitlines()[-1].split('|')
     assert row[1].strip() == '2e+04' and float(row[5]) >= 0.95
@@ -69,7 +69,7 @@ def test_download_cpu_is_measured_clean_and_with_corrupt_bodies(tmp_path):
         '--download-cpu', '40', '--sample-kb', '4', '--work-dir',
         str(tmp_path)
     ],
-                      env=cpu_env(dict(PYTHONPATH=REPO_ROOT)),
+                      env=cpu_env(dict(PYTHONPATH=python_path(REPO_ROOT))),
                       timeout=300).stdout
     clean, corrupt = (line.split('|')
                       for line in out.strip().splitlines()[-2:])

@@ -21,6 +21,8 @@ def _fed_loader_class(base: type) -> type:
 
         def __iter__(self):
             feed = self._device_feed
+            if not _feeds_ahead(self):
+                return base.__iter__(self)
             return DeviceFeeder(base.__iter__(self), feed.device,
                                 feed.on_batch)
 
@@ -28,6 +30,15 @@ def _fed_loader_class(base: type) -> type:
                    dict(__iter__=__iter__, __module__=__name__))
         _FED_LOADER_CLASSES[base] = cls
     return cls
+
+
+def _feeds_ahead(loader: DataLoader) -> bool:
+    """Whether batches are taken one step ahead: not from a loader without
+    workers, whose batches hold no block to place and whose pipeline runs in
+    the training process, where loading batch i+1 before step i would move
+    its random draws (seeded per iteration by the fast-resume loops) to
+    another point of the main process's random streams."""
+    return loader.num_workers > 0
 
 
 class _Feed:
@@ -59,7 +70,9 @@ class DeviceFeedHook(Hook):
     and the model see what they see without it: the same structure, values
     and order. On a CPU device the block is unpacked into views of the host
     block. Batches of other collates pass unchanged (the data preprocessor
-    moves them, as without the hook).
+    moves them, as without the hook). A loader without workers is read as
+    without the hook: nothing crosses a process boundary, and its pipeline
+    runs in the step.
 
     Config::
 
@@ -125,12 +138,30 @@ class DeviceFeedHook(Hook):
         # workers need no change.
         holder = getattr(loop, 'dataloader_iterator', None)
         started = getattr(holder, '_iterator', None)
-        if started is not None and not isinstance(started, DeviceFeeder):
+        if (started is not None and not isinstance(started, DeviceFeeder)
+                and _feeds_ahead(loader)):
             holder._iterator = DeviceFeeder(started, device,
                                             loader._device_feed.on_batch)
 
+    def before_val(self, runner) -> None:
+        # Blocks stay packed for the feeder only: validation's batches (its
+        # loader may use block_collate too) arrive as without the hook, as
+        # the plain dicts its hooks and evaluator may change.
+        if self._loader is not None:
+            receive_packed(False)
+
+    def after_val(self, runner) -> None:
+        if self._loader is not None:
+            receive_packed(True)
+
     def after_train(self, runner) -> None:
         receive_packed(self._received_packed)
+        # The loop keeps its iterator after training: without the feeder,
+        # the batch it placed ahead (device memory) is let go.
+        holder = getattr(runner.train_loop, 'dataloader_iterator', None)
+        feeder = getattr(holder, '_iterator', None)
+        if isinstance(feeder, DeviceFeeder):
+            holder._iterator = feeder.iterator
         if self._preprocessor is not None:
             del self._preprocessor.cast_data
             self._preprocessor = None
