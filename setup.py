@@ -75,6 +75,7 @@ if __name__ == '__main__':
             'tests': read_requirements('tests.txt'),
             'mim': read_requirements('mim.txt'),
             's3': read_requirements('s3.txt'),
+            'ray': read_requirements('ray.txt'),
         },
         zip_safe=False,
     )

@@ -14,8 +14,9 @@ except ImportError as error:  # pragma: no cover - depends on the install
         'compiled ops) or keep your full `mmcv`: `pip install mmcv-lite`.'
     ) from error
 
-from . import (datasets, engine, evaluation, handover,  # noqa: F401
-               models, remote, remote_cache, sample_order, transforms)
+from . import (data_nodes, datasets, engine, evaluation,  # noqa: F401
+               handover, models, remote, remote_cache, sample_order,
+               transforms)
 from .utils import install_safe_checkpoint_loading
 from .version import __version__
 

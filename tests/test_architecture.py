@@ -25,7 +25,7 @@ LAYERS: Tuple[Tuple[str, ...], ...] = (
     ('sample_order', 'cache'),
     ('remote', ),
     ('transforms', 'remote_cache', 'handover'),
-    ('datasets', 'models', 'evaluation'),
+    ('datasets', 'models', 'evaluation', 'data_nodes'),
     ('data_monitor', ),
     ('engine', ),
 )

@@ -82,6 +82,10 @@ def _builders(demo_root):
         (dict(max_epochs=1), _loop_args()),
         ('HOOKS', 'DataMonitorHook'): (dict(interval=10), {}),
         ('HOOKS', 'DeviceFeedHook'): (dict(device='cpu'), {}),
+        # Ray is needed from before_train on: this builds without it.
+        ('HOOKS', 'RayDataNodesHook'):
+        (dict(num_actors=2, address='auto', resources=dict(data_node=1)),
+         {}),
         # A function: built as mmengine's Runner builds a collate_fn.
         ('FUNCTIONS', 'block_collate'):
         (dict(collate='default_collate'),

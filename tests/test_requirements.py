@@ -68,3 +68,24 @@ def test_mim_extra_pins_the_openxlab_that_resolves():
         requirement = Requirement(text)
         if requirement.name.lower() == 'setuptools':
             assert requirement.specifier.contains(setuptools), requirement
+
+
+def test_the_ray_extra_pulls_no_torch_and_no_cuda():
+    # The data nodes are CPU machines, and the trainer keeps its torch.
+    extras = [Requirement(text) for name in ('ray.txt', 'tests.txt')
+              for text in _read_requirements(name)]
+    assert {str(r) for r in extras if r.name == 'ray'} == {'ray==2.60.0'}
+    try:
+        requires = importlib.metadata.requires('ray') or []
+    except importlib.metadata.PackageNotFoundError:
+        return  # the extra is not installed here
+    unconditional = {
+        Requirement(text).name.lower()
+        for text in requires
+        if Requirement(text).marker is None
+        or Requirement(text).marker.evaluate(dict(extra=''))
+    }
+    assert not {
+        name for name in unconditional
+        if name == 'torch' or name.startswith(('nvidia-', 'cupy'))
+    }, unconditional

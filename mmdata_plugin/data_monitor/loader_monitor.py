@@ -21,16 +21,13 @@ import socket
 import time
 from typing import Callable, List, Optional
 
-import torch
-from mmengine.dataset import InfiniteSampler
 from mmengine.logging import print_log
 from torch.utils.data import DataLoader
-# The DataLoader iterator base class is private; it identifies the already
-# started iterators that install() has to restart (see _restart_started).
-from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from ..datasets.sample_seeded_dataset import SampleSeededDataset
 from ..utils.dataloader_slots import rebind_dataloader_attribute
+from ..utils.started_iterators import (restart_started_iterator,
+                                       shutdown_iterator)
 from .instrument import LoaderInstrumentation
 from .statistics import StatsBook, StepColumns
 from .verdict import build_report
@@ -92,43 +89,6 @@ def _monitored_loader_class(base: type) -> type:
                    dict(__iter__=__iter__, __module__=__name__))
         _MONITORED_LOADER_CLASSES[base] = cls
     return cls
-
-
-def _rewind_samplers(loader: DataLoader) -> None:
-    """Make an iterator started again replay the same indices.
-
-    mmengine's ``InfiniteSampler`` yields from one generator made in its
-    ``__init__`` (a second ``iter()`` continues where the first one
-    stopped, and closing the first closes it); a fresh one from its seed
-    restarts the sequence. Samplers that draw their order in ``__iter__``
-    from their own seed (``DefaultSampler``) need nothing.
-    """
-    batch_sampler = getattr(loader, 'batch_sampler', None)
-    for sampler in (loader.sampler, getattr(batch_sampler, 'sampler', None)):
-        if isinstance(sampler, InfiniteSampler):
-            sampler.indices = sampler._indices_of_rank()
-    _empty_buckets(batch_sampler)
-
-
-def _empty_buckets(batch_sampler) -> None:
-    """Empty the pending buckets of a bucketing batch sampler.
-
-    mmdet's aspect-ratio batch samplers keep the indices of unfinished
-    batches on the instance (``_aspect_ratio_buckets``, ``_buckets``): the
-    batches the first iterator prefetched left some there, which a restarted
-    iterator would hand out first. A fresh sampler's buckets are empty.
-    """
-    for name, value in getattr(batch_sampler, '__dict__', {}).items():
-        if 'bucket' in name and isinstance(value, list) and all(
-                isinstance(bucket, list) for bucket in value):
-            for bucket in value:
-                bucket.clear()
-
-
-def _shutdown(iterator) -> None:
-    shutdown = getattr(iterator, '_shutdown_workers', None)
-    if shutdown is not None:
-        shutdown()
 
 
 def _users_dataset(dataset):
@@ -290,7 +250,7 @@ class DataLoaderMonitor:
             return
         loader = self.dataloader
         if getattr(loader, '_iterator', None) is not None:
-            _shutdown(loader._iterator)
+            shutdown_iterator(loader._iterator)
             loader._iterator = None
         rebind_dataloader_attribute(loader, '__class__', self._base_class)
         del loader._data_monitor
@@ -325,36 +285,12 @@ class DataLoaderMonitor:
         self.uninstall()
 
     def _restart_started(self, loop) -> None:
-        # Touches torch internals (`DataLoader._iterator`, the iterator's
-        # `_shutdown_workers`) and mmengine's `_InfiniteDataloaderIterator.
-        # _iterator`; this is the only place that does.
-        loader = self.dataloader
-        persistent = getattr(loader, '_iterator', None)
-        holder = getattr(loop, 'dataloader_iterator', None)
-        if isinstance(getattr(holder, '_iterator', None), _BaseDataLoaderIter):
-            started, replace = holder._iterator, lambda it: setattr(
-                holder, '_iterator', it)
-        elif isinstance(holder, _BaseDataLoaderIter):
-            started, replace = holder, lambda it: setattr(
-                loop, 'dataloader_iterator', it)
-        else:
-            started, replace = None, None
-        if persistent is not None:
-            _shutdown(persistent)
-            loader._iterator = None
-        if started is not None and started is not persistent:
-            _shutdown(started)
-        if started is None:
-            return
-        rng_state = torch.get_rng_state()
-        _rewind_samplers(loader)
-        replace(iter(loader))
-        torch.set_rng_state(rng_state)
-        print_log(
-            'DataMonitor restarted the DataLoader iterator the training '
-            'loop had started, so that its workers run the timed pipeline '
-            '(same sampler order and seeds).',
-            logger='current')
+        if restart_started_iterator(self.dataloader, loop):
+            print_log(
+                'DataMonitor restarted the DataLoader iterator the training '
+                'loop had started, so that its workers run the timed '
+                'pipeline (same sampler order and seeds).',
+                logger='current')
 
     # ------------------------------------------------------------ steps
     def reset(self) -> None:

@@ -1,4 +1,5 @@
-from .hooks import (DataMonitorHook, DeviceFeedHook, FastResumeHook, RemoteCachePrefetchHook,
+from .hooks import (DataMonitorHook, DeviceFeedHook, FastResumeHook, RayDataNodesHook,
+                    RemoteCachePrefetchHook,
                     apply_data_monitor_env)
 from .optim import CPUAutocastOptimWrapper
 from .runner import (FastResumeEpochBasedTrainLoop,
@@ -8,6 +9,6 @@ __all__ = [
     'CPUAutocastOptimWrapper', 'DataMonitorHook', 'DeviceFeedHook',
     'FastResumeHook',
     'FastResumeEpochBasedTrainLoop', 'FastResumeIterBasedTrainLoop',
-    'RemoteCachePrefetchHook',
+    'RayDataNodesHook', 'RemoteCachePrefetchHook',
     'apply_data_monitor_env'
 ]

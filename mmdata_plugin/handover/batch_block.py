@@ -299,8 +299,8 @@ class BatchBlock(Mapping):
         return len(self._batch())
 
     def __reduce__(self):
-        return _received, (ReceiptStamp(), self.block, self.structure,
-                           self.entries, self.small_end, self.complete)
+        return received_batch, (ReceiptStamp(), self.block, self.structure,
+                                self.entries, self.small_end, self.complete)
 
     def pin_memory(self, *args, **kwargs) -> 'BatchBlock':
         start = _perf_counter()
@@ -357,8 +357,14 @@ def receive_packed(enabled: bool) -> bool:
     return previous
 
 
-def _received(started: float, block: torch.Tensor, structure: bytes,
-              entries: list, small_end: int, complete: bool):
+def received_batch(started: float, block: torch.Tensor, structure: bytes,
+                   entries: list, small_end: int, complete: bool = True):
+    """A block that reached the training process, as the consumer takes it.
+
+    A :class:`BatchBlock` while :func:`receive_packed` is on (its
+    ``receive`` stage counted from ``started``, a ``perf_counter`` time),
+    else the batch unpacked into views of ``block``.
+    """
     batch = BatchBlock(block, structure, entries, small_end, complete)
     if not _RECEIVE_PACKED[0]:
         return batch.unpack()

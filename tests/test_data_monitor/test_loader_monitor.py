@@ -205,7 +205,7 @@ def test_shared_random_draws_stay_shared_while_timed():
 
 
 def test_rewinding_loaders_without_a_bucketing_batch_sampler():
-    from mmdata_plugin.data_monitor.loader_monitor import _rewind_samplers
+    from mmdata_plugin.utils.started_iterators import rewind_samplers
 
     class Stream(IterableDataset):
 
@@ -215,7 +215,7 @@ def test_rewinding_loaders_without_a_bucketing_batch_sampler():
     for loader in (DataLoader(Stream(), batch_size=2),
                    DataLoader(list(range(4)), batch_size=None),
                    DataLoader([], batch_size=2)):
-        _rewind_samplers(loader)  # nothing to empty, nothing raised
+        rewind_samplers(loader)  # nothing to empty, nothing raised
 
 
 def test_concatenated_pipelines_are_told_apart():

@@ -1,0 +1,168 @@
+"""RayDataNodesHook on a real Ray cluster of three nodes on loopback.
+
+One cluster (a head and two data nodes with a ``data_node`` resource,
+``ray.cluster_utils.Cluster``) serves the whole module and is torn down at
+its end. The runs are those of :func:`monitor_helpers.train` with the
+fast-resume loop (per-sample seeds, a random crop): their batches, made by
+Ray actors, must equal bitwise those of local DataLoader workers.
+"""
+import glob
+import os
+import os.path as osp
+import signal
+
+import pytest
+
+# Every node and the driver name themselves 127.0.0.1 (read when Ray is
+# imported): all cluster traffic stays on loopback.
+os.environ['RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER'] = '0'
+ray = pytest.importorskip(
+    'ray', reason='Ray is not installed: pip install "mmdata_plugin[ray]" '
+    '(the tests extra installs it)')
+
+from helpers import REPO_ROOT  # noqa: E402
+from mmengine.hooks import Hook  # noqa: E402
+from monitor_helpers import train  # noqa: E402
+from ray.cluster_utils import Cluster  # noqa: E402
+
+from mmdata_plugin.data_nodes import NodeReport, check_node  # noqa: E402
+from mmdata_plugin.engine import RayDataNodesHook  # noqa: E402
+from mmdata_plugin.testing import python_path  # noqa: E402
+
+FAST_RESUME = dict(type='FastResumeIterBasedTrainLoop', max_iters=10)
+CHECKPOINT_AT_5 = dict(
+    checkpoint=dict(type='CheckpointHook', interval=5, by_epoch=False))
+ON_DATA_NODES = dict(num_cpus=0.5, resources=dict(data_node=0.5))
+
+
+@pytest.fixture(scope='module')
+def cluster():
+    previous = os.environ.get('PYTHONPATH')
+    # Actors import this working tree and the tests' helper modules.
+    os.environ['PYTHONPATH'] = python_path(REPO_ROOT,
+                                           osp.join(REPO_ROOT, 'tests'))
+    nodes = Cluster(initialize_head=True, head_node_args=dict(num_cpus=1))
+    try:
+        for _ in range(2):
+            nodes.add_node(num_cpus=2, resources=dict(data_node=2))
+        ray.init(address=nodes.address, include_dashboard=False,
+                 log_to_driver=False, configure_logging=False)
+        nodes.wait_for_nodes()
+        yield nodes
+    finally:
+        ray.shutdown()
+        nodes.shutdown()
+        if previous is None:
+            os.environ.pop('PYTHONPATH')
+        else:
+            os.environ['PYTHONPATH'] = previous
+
+
+def _train(work_dir, hook=None, more_hooks=(), **kwargs):
+    hooks = ([dict(type='RayDataNodesHook', **hook)] if hook else [])
+    return train(work_dir, monitor=False, train_cfg=FAST_RESUME,
+                 custom_hooks=hooks + list(more_hooks), **kwargs)
+
+
+@pytest.fixture(scope='module')
+def local_batches(tmp_path_factory):
+    """The batches of the run with two local DataLoader workers."""
+    return _train(tmp_path_factory.mktemp('local')).model.seen
+
+
+def _ray_hook(runner) -> RayDataNodesHook:
+    return next(h for h in runner.hooks if isinstance(h, RayDataNodesHook))
+
+
+def test_one_actor_gives_the_batches_of_local_workers(
+        cluster, local_batches, tmp_path):
+    # block_collate's blocks reach DeviceFeedHook as blocks; the model sees
+    # the batches of pseudo_collate (tests/test_engine/
+    # test_device_feed_hook.py shows the two equal with local workers).
+    runner = _train(tmp_path, dict(num_actors=1, **ON_DATA_NODES),
+                    more_hooks=[dict(type='DeviceFeedHook')],
+                    collate=dict(type='block_collate', stack_inputs=False))
+    assert runner.model.seen == local_batches
+    nodes = _ray_hook(runner).pool.nodes
+    assert len(nodes) == 1 and nodes[0].pid != os.getpid()
+
+
+def test_two_actors_and_a_resume_with_one_give_the_same_stream(
+        cluster, local_batches, tmp_path):
+    runner = _train(tmp_path, dict(num_actors=2, max_inflight=3,
+                                   **ON_DATA_NODES),
+                    default_hooks=CHECKPOINT_AT_5)
+    assert runner.model.seen == local_batches
+    # Changing the number of actors between runs changes nothing.
+    resumed = _train(tmp_path, dict(num_actors=1, **ON_DATA_NODES),
+                     default_hooks=CHECKPOINT_AT_5, resume=True,
+                     load_from=str(tmp_path / 'iter_5.pth'))
+    assert resumed.model.seen == local_batches[5:]
+
+
+def test_a_stock_loop_keeps_the_order_its_early_iterator_had(
+        cluster, tmp_path):
+    # IterBasedTrainLoop starts its iterator (and workers, which prefetch
+    # from the InfiniteSampler's one generator) before any hook: the Ray
+    # stream must start the same pass. No random crop: stock loops do not
+    # seed samples.
+    stock = dict(loop='iter', crop=None, max_iters=4, monitor=False)
+    expected = train(tmp_path / 'local', num_workers=0, **stock).model.seen
+    runner = train(tmp_path / 'ray', custom_hooks=[
+        dict(type='RayDataNodesHook', num_actors=1, **ON_DATA_NODES)
+    ], **stock)
+    assert runner.model.seen == expected
+
+
+class KillActorAt(Hook):
+    """kill -9 the first data actor's process after iteration ``at``."""
+    priority = 'VERY_LOW'
+
+    def __init__(self, at: int) -> None:
+        self.at = at
+
+    def after_train_iter(self, runner, batch_idx, data_batch=None,
+                         outputs=None) -> None:
+        if runner.iter + 1 == self.at:
+            os.kill(_ray_hook(runner).pool.nodes[0].pid, signal.SIGKILL)
+
+
+def test_a_killed_actor_loses_no_batch(cluster, local_batches, tmp_path):
+    # Samples slow enough (30 ms of I/O) that the killed actor has batches
+    # in production.
+    runner = _train(tmp_path, dict(num_actors=2, **ON_DATA_NODES),
+                    more_hooks=[KillActorAt(3)], io_ms=30)
+    assert runner.model.seen == local_batches
+    assert _ray_hook(runner).pool.replaced >= 1
+    with open(glob.glob(osp.join(runner.log_dir, '*.log'))[0]) as f:
+        assert 'data actor 0 died' in f.read()
+
+
+def test_a_dataset_missing_on_the_data_nodes_is_named(cluster, tmp_path):
+    with open(tmp_path / 'train.txt', 'w') as f:
+        f.write('images/0.png 0\nimages/1.png 1\n')
+    dataset = dict(
+        type='ImageListDataset', data_root=str(tmp_path),
+        ann_file='train.txt',
+        pipeline=[dict(type='LoadImageFromFile'),
+                  dict(type='PackImageLabelInputs')])
+    with pytest.raises(RuntimeError) as error:
+        _train(tmp_path, dict(num_actors=1, **ON_DATA_NODES),
+               dataset=dataset)
+    message = str(error.value)
+    assert 'data node' in message and '(127.0.0.1)' in message
+    assert 'cannot load sample 0' in message
+    assert str(tmp_path / 'images' / '0.png') in message
+
+
+def test_a_version_mismatch_is_named():
+    report = NodeReport('data-7', '10.0.0.7', 4242, '0.0.1', None)
+    with pytest.raises(RuntimeError,
+                       match=r'data node data-7 \(10\.0\.0\.7\) runs '
+                       r'mmdata_plugin 0\.0\.1'):
+        check_node(report)
+
+
+def test_an_unreachable_cluster_is_named(tmp_path):
+    with pytest.raises(ConnectionError, match=r"address='127\.0\.0\.1:1'"):
+        _train(tmp_path, dict(address='127.0.0.1:1'))
