@@ -25,7 +25,8 @@ from mmengine.logging import print_log
 from torch.utils.data import DataLoader
 
 from ..datasets.sample_seeded_dataset import SampleSeededDataset
-from ..utils.dataloader_slots import rebind_dataloader_attribute
+from ..utils.dataloader_slots import (dataloader_class_with_iter,
+                                      rebind_dataloader_attribute)
 from ..utils.started_iterators import (restart_started_iterator,
                                        shutdown_iterator)
 from .instrument import LoaderInstrumentation
@@ -72,23 +73,15 @@ class _TimedIterator:
         return getattr(self._iterator, name)
 
 
-_MONITORED_LOADER_CLASSES = {}
+def _timed_iterator(loader: DataLoader, base: type) -> '_TimedIterator':
+    monitor = loader._data_monitor
+    monitor._on_iter_start()
+    return _TimedIterator(base.__iter__(loader), monitor)
 
 
 def _monitored_loader_class(base: type) -> type:
     """``base`` with an ``__iter__`` that returns a timing proxy."""
-    cls = _MONITORED_LOADER_CLASSES.get(base)
-    if cls is None:
-
-        def __iter__(self):
-            monitor = self._data_monitor
-            monitor._on_iter_start()
-            return _TimedIterator(base.__iter__(self), monitor)
-
-        cls = type(f'Monitored{base.__name__}', (base, ),
-                   dict(__iter__=__iter__, __module__=__name__))
-        _MONITORED_LOADER_CLASSES[base] = cls
-    return cls
+    return dataloader_class_with_iter(base, 'Monitored', _timed_iterator)
 
 
 def _users_dataset(dataset):

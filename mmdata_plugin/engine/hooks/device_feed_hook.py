@@ -9,27 +9,19 @@ from torch.utils.data import DataLoader
 
 from mmdata_plugin.handover import (DeviceFeeder, pass_device_batches,
                                     receive_packed)
-from mmdata_plugin.utils.dataloader_slots import rebind_dataloader_attribute
+from mmdata_plugin.utils.dataloader_slots import (dataloader_class_with_iter,
+                                                 rebind_dataloader_attribute)
 
-_FED_LOADER_CLASSES = {}
+def _fed_iterator(loader: DataLoader, base: type):
+    if not _feeds_ahead(loader):
+        return base.__iter__(loader)
+    feed = loader._device_feed
+    return DeviceFeeder(base.__iter__(loader), feed.device, feed.on_batch)
 
 
 def _fed_loader_class(base: type) -> type:
     """``base`` whose ``__iter__`` returns a :class:`DeviceFeeder`."""
-    cls = _FED_LOADER_CLASSES.get(base)
-    if cls is None:
-
-        def __iter__(self):
-            feed = self._device_feed
-            if not _feeds_ahead(self):
-                return base.__iter__(self)
-            return DeviceFeeder(base.__iter__(self), feed.device,
-                                feed.on_batch)
-
-        cls = type(f'Fed{base.__name__}', (base, ),
-                   dict(__iter__=__iter__, __module__=__name__))
-        _FED_LOADER_CLASSES[base] = cls
-    return cls
+    return dataloader_class_with_iter(base, 'Fed', _fed_iterator)
 
 
 def _feeds_ahead(loader: DataLoader) -> bool:

@@ -7,33 +7,25 @@ from mmengine.registry import HOOKS
 from torch.utils.data import DataLoader
 
 from ...data_nodes import ActorPool, RayBatchStream, connect, import_ray
-from ...utils.dataloader_slots import rebind_dataloader_attribute
+from ...utils.dataloader_slots import (dataloader_class_with_iter,
+                                       rebind_dataloader_attribute)
 from ...utils.started_iterators import restart_started_iterator
 
-_RAY_LOADER_CLASSES = {}
+def _ray_iterator(loader: DataLoader, base: type) -> RayBatchStream:
+    # A local iterator draws its workers' base seed from the loader's
+    # generator here; drawing it too keeps the training process's random
+    # stream (dropout, batch augmentations) that of a run with local
+    # workers.
+    torch.empty((), dtype=torch.int64).random_(generator=loader.generator)
+    nodes = loader._ray_data_nodes
+    return RayBatchStream(
+        iter(loader.batch_sampler), nodes.pool, nodes.max_inflight,
+        loader.pin_memory and torch.cuda.is_available())
 
 
 def _ray_loader_class(base: type) -> type:
     """``base`` whose ``__iter__`` returns a :class:`RayBatchStream`."""
-    cls = _RAY_LOADER_CLASSES.get(base)
-    if cls is None:
-
-        def __iter__(self):
-            # A local iterator draws its workers' base seed from the
-            # loader's generator here; drawing it too keeps the training
-            # process's random stream (dropout, batch augmentations) that
-            # of a run with local workers.
-            torch.empty((), dtype=torch.int64).random_(
-                generator=self.generator)
-            nodes = self._ray_data_nodes
-            return RayBatchStream(
-                iter(self.batch_sampler), nodes.pool, nodes.max_inflight,
-                self.pin_memory and torch.cuda.is_available())
-
-        cls = type(f'Ray{base.__name__}', (base, ),
-                   dict(__iter__=__iter__, __module__=__name__))
-        _RAY_LOADER_CLASSES[base] = cls
-    return cls
+    return dataloader_class_with_iter(base, 'Ray', _ray_iterator)
 
 
 class _Nodes:
