@@ -139,13 +139,17 @@ class StoreEntry:
     ``admitted`` is True for a published entry (shared, stays until evicted)
     and False for a private temp file that only the caller sees: read it,
     then call :meth:`release` (or use the entry as a context manager), which
-    deletes it and frees its reserved bytes.
+    deletes it and frees its reserved bytes. ``size`` is its bytes when this
+    call produced it (None for an entry found or produced by another
+    process: ask the file).
     """
 
     def __init__(self, path: str, admitted: bool,
-                 reservation: Optional['Reservation'] = None):
+                 reservation: Optional['Reservation'] = None,
+                 size: Optional[int] = None):
         self.path = path
         self.admitted = admitted
+        self.size = size
         self._reservation = reservation
 
     def release(self) -> None:
@@ -472,7 +476,7 @@ class NodeStore:
                 self._publish(reservation, temp, EntryRow(
                     digest, namespace, key, size, time.time()))
         self._counters.add(namespace, 'produced')
-        return StoreEntry(path, admitted=True)
+        return StoreEntry(path, admitted=True, size=size)
 
     def publish_bytes(self, namespace: str, key: str,
                       data: bytes) -> Optional[str]:
@@ -509,12 +513,13 @@ class NodeStore:
         self._counters.add(namespace, 'bypassed')
         reservation = self._reserve_waiting(size_hint)
         try:
-            temp, _ = self._write_temp(produce, reservation, validate,
-                                       wait=_ROOM_WAIT_SECONDS)
+            temp, size = self._write_temp(produce, reservation, validate,
+                                          wait=_ROOM_WAIT_SECONDS)
         except BaseException:
             reservation.release()
             raise
-        return StoreEntry(temp, admitted=False, reservation=reservation)
+        return StoreEntry(temp, admitted=False, reservation=reservation,
+                          size=size)
 
     def _reserve_waiting(self, nbytes: int,
                          timeout: float = _ROOM_WAIT_SECONDS,
@@ -657,13 +662,12 @@ class NodeStore:
     def _make_room(self, nbytes: int, evict: bool) -> None:
         """Evict until ``nbytes`` more fit (inside a transaction) or raise."""
         self._flush_touched()
-        used = self._ledger.committed_bytes() + self._ledger.inflight_bytes()
+        used = self._ledger.used_bytes()
         missing = used + nbytes - self.limit
         if missing > 0 and time.monotonic() - self._reclaimed_at > 1.0:
             # dead writers' reservations may be what is in the way
             self._reclaim_abandoned()
-            used = (self._ledger.committed_bytes() +
-                    self._ledger.inflight_bytes())
+            used = self._ledger.used_bytes()
             missing = used + nbytes - self.limit
         if missing <= 0:
             return

@@ -319,6 +319,13 @@ class StoreLedger:
         return self._rows(
             'SELECT COALESCE(SUM(nbytes), 0) FROM reservations')[0][0]
 
+    def used_bytes(self) -> int:
+        """Committed plus in-flight bytes, in one statement (asked on
+        every reservation)."""
+        return self._rows(
+            "SELECT (SELECT value FROM totals WHERE name='committed') + "
+            '(SELECT COALESCE(SUM(nbytes), 0) FROM reservations)')[0][0]
+
     def entry_count(self) -> int:
         return self._rows('SELECT COUNT(*) FROM entries')[0][0]
 

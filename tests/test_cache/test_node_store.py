@@ -205,6 +205,18 @@ def test_kill_before_the_batched_rows_are_written_adopts_every_entry(
     assert _store_files_bytes(cache_dir) == 10_000
 
 
+def test_a_produced_entry_tells_its_size_without_a_stat(tmp_path):
+    store = NodeStore(str(tmp_path / 'store'), 10_000)
+    produced = store.get_or_produce('remote', 'k',
+                                    lambda file: file.write(b'x' * 1234), 10)
+    private = store.get_or_produce('remote', 'p',
+                                   lambda file: file.write(b'y' * 99), 10,
+                                   admit=False)
+    found = store.get_or_produce('remote', 'k', None, 10)
+    assert (produced.size, private.size, found.size) == (1234, 99, None)
+    private.release()
+
+
 def _publish_then_wait(cache_dir, done, stop):
     store = NodeStore(cache_dir, 100_000)
     store.get_or_produce('remote', 'k', lambda file: file.write(_payload('k')),
