@@ -15,10 +15,13 @@ Guarantees:
   becomes the entry's bytes on publish or is released.
 * **No partial entry.** A producer writes a temp file inside ``cache_dir``;
   the store checks its size (and the caller's ``validate``) and renames it
-  into place inside the ledger transaction that records it. A ``kill -9`` at
-  any point leaves at most a temp file and the dead writer's reservation;
-  the next reservation by any process reclaims both (temp and counter files
-  carry the writer's ``host:pid:start``; see :mod:`.process_owner`).
+  into place; the entry's ledger row replaces its reservation (which names
+  the entry) with the process's next ledger transaction, at most
+  ``PUBLISH_DELAY`` later (batched: one transaction per download). A
+  ``kill -9`` at any point leaves at most a temp file or a complete entry,
+  and the dead writer's reservation; the next reservation by any process
+  drops the temp file and adopts the entry (temp and counter files carry
+  the writer's ``host:pid:start``; see :mod:`.process_owner`).
 * **Single flight.** Per-key ``fcntl.flock`` lock files: of all processes that
   miss the same key at once, exactly one produces it, the others wait and
   read the published entry. The kernel drops a dead process's flock, so no
@@ -136,13 +139,17 @@ class StoreEntry:
     ``admitted`` is True for a published entry (shared, stays until evicted)
     and False for a private temp file that only the caller sees: read it,
     then call :meth:`release` (or use the entry as a context manager), which
-    deletes it and frees its reserved bytes.
+    deletes it and frees its reserved bytes. ``size`` is its bytes when this
+    call produced it (None for an entry found or produced by another
+    process: ask the file).
     """
 
     def __init__(self, path: str, admitted: bool,
-                 reservation: Optional['Reservation'] = None):
+                 reservation: Optional['Reservation'] = None,
+                 size: Optional[int] = None):
         self.path = path
         self.admitted = admitted
+        self.size = size
         self._reservation = reservation
 
     def release(self) -> None:
@@ -464,11 +471,12 @@ class NodeStore:
                 # rather than starting again privately: the bytes are read
                 # from the remote once.
                 wait = _ROOM_WAIT_SECONDS if room_wait is None else room_wait
-                temp = self._write_temp(produce, reservation, validate, wait)
+                temp, size = self._write_temp(produce, reservation,
+                                              validate, wait)
                 self._publish(reservation, temp, EntryRow(
-                    digest, namespace, key, 0, time.time()))
+                    digest, namespace, key, size, time.time()))
         self._counters.add(namespace, 'produced')
-        return StoreEntry(path, admitted=True)
+        return StoreEntry(path, admitted=True, size=size)
 
     def publish_bytes(self, namespace: str, key: str,
                       data: bytes) -> Optional[str]:
@@ -493,10 +501,10 @@ class NodeStore:
                 self._counters.add(namespace, 'bypassed')
                 return None
             with reservation:
-                temp = self._write_temp(lambda file: file.write(data),
-                                        reservation, None)
+                temp, size = self._write_temp(
+                    lambda file: file.write(data), reservation, None)
                 self._publish(reservation, temp, EntryRow(
-                    digest, namespace, key, 0, time.time()))
+                    digest, namespace, key, size, time.time()))
         self._counters.add(namespace, 'produced')
         return path
 
@@ -505,12 +513,13 @@ class NodeStore:
         self._counters.add(namespace, 'bypassed')
         reservation = self._reserve_waiting(size_hint)
         try:
-            temp = self._write_temp(produce, reservation, validate,
-                                    wait=_ROOM_WAIT_SECONDS)
+            temp, size = self._write_temp(produce, reservation, validate,
+                                          wait=_ROOM_WAIT_SECONDS)
         except BaseException:
             reservation.release()
             raise
-        return StoreEntry(temp, admitted=False, reservation=reservation)
+        return StoreEntry(temp, admitted=False, reservation=reservation,
+                          size=size)
 
     def _reserve_waiting(self, nbytes: int,
                          timeout: float = _ROOM_WAIT_SECONDS,
@@ -531,7 +540,8 @@ class NodeStore:
             delay = min(delay * 2, 1.0)
 
     def _write_temp(self, produce, reservation: Reservation, validate,
-                    wait: float = 0) -> str:
+                    wait: float = 0) -> Tuple[str, int]:
+        """The temp file ``produce`` wrote and its size."""
         temp = os.path.join(
             self.cache_dir, 'tmp',
             owner_file_name(current_owner(), uuid.uuid4().hex) + '.tmp')
@@ -539,7 +549,8 @@ class NodeStore:
             with open(temp, 'wb') as file:
                 writer = _ReservedWriter(file, reservation, wait)
                 produce(writer)
-            size = os.path.getsize(temp)
+                file.flush()
+                size = os.fstat(file.fileno()).st_size
             if size != writer.written:
                 raise OSError(f'{temp}: {writer.written} bytes written but '
                               f'{size} on disk')
@@ -549,29 +560,28 @@ class NodeStore:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(temp)
             raise
-        return temp
+        return temp, size
 
     def _publish(self, reservation: Reservation, temp: str,
                  row: EntryRow) -> None:
-        size = os.path.getsize(temp)
+        """Rename the temp file ``row`` describes into place; its ledger
+        row follows with this process's next transaction (batched). A kill
+        before that leaves the reservation, which names this entry, to
+        :meth:`_reclaim_abandoned`, which adopts the complete file."""
         final = self._entry_path(row.namespace, row.digest)
         directory = os.path.dirname(final)
         if directory not in self._made_dirs:
             os.makedirs(directory, exist_ok=True)
             self._made_dirs.add(directory)
         try:
-            with self._ledger.transaction():
-                if size > reservation.nbytes:
-                    raise RuntimeError('an entry outgrew its reservation')
-                self._ledger.insert_entry(row._replace(size=size))
-                self._ledger.delete_reservation(reservation.id)
-                # rename inside the transaction: a kill before COMMIT leaves
-                # the reservation (naming this entry) to _reclaim_abandoned
-                os.rename(temp, final)
+            if row.size > reservation.nbytes:
+                raise RuntimeError('an entry outgrew its reservation')
+            os.rename(temp, final)
         except BaseException:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(temp)
             raise
+        self._ledger.defer_publish(reservation.id, row, final)
         reservation.active = False
 
     @contextlib.contextmanager
@@ -652,13 +662,12 @@ class NodeStore:
     def _make_room(self, nbytes: int, evict: bool) -> None:
         """Evict until ``nbytes`` more fit (inside a transaction) or raise."""
         self._flush_touched()
-        used = self._ledger.committed_bytes() + self._ledger.inflight_bytes()
+        used = self._ledger.used_bytes()
         missing = used + nbytes - self.limit
         if missing > 0 and time.monotonic() - self._reclaimed_at > 1.0:
             # dead writers' reservations may be what is in the way
             self._reclaim_abandoned()
-            used = (self._ledger.committed_bytes() +
-                    self._ledger.inflight_bytes())
+            used = self._ledger.used_bytes()
             missing = used + nbytes - self.limit
         if missing <= 0:
             return

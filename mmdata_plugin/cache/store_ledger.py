@@ -8,18 +8,26 @@ blocked), so a process killed mid-change leaves the ledger as it was before
 the change. SQLite releases its locks when a process dies, so no stale lock
 can block a later run.
 
+A published entry's row is written with the process's next transaction
+(:meth:`StoreLedger.defer_publish`, at most ``PUBLISH_DELAY`` later): its
+file is in place and its reservation, committed before the file was
+written, names it and holds its bytes until then, so a ``kill -9`` in
+between leaves what the store's recovery adopts, and a download costs one
+transaction instead of two.
+
 Each process opens its own connection; it is closed before any fork and
 reopened on first use, so none crosses a fork. Threads of a process share
 it, always under the ledger's lock (a query of one thread never runs inside
 another thread's transaction or while it commits).
 """
 import contextlib
+import multiprocessing.util
 import os
 import sqlite3
 import threading
 import time
 import weakref
-from typing import Dict, Iterator, List, NamedTuple, Optional
+from typing import Dict, Iterator, List, NamedTuple, Optional, Tuple
 
 # No SQLite connection may cross a fork. SQLite keeps per-process state for
 # every open database file (the POSIX locks it believes it holds, the WAL
@@ -43,6 +51,10 @@ _FORK_LOCK_SECONDS = 60
 #: outside ``cache_limit`` for good.
 WAL_SIZE_LIMIT = 4 << 20
 _HELD_AT_FORK: list = []
+#: Seconds a published entry may wait for its row (see
+#: :meth:`StoreLedger.defer_publish`); other processes cannot evict it
+#: meanwhile, its bytes count as in flight.
+PUBLISH_DELAY = 0.05
 
 
 def _close_before_fork() -> None:
@@ -50,6 +62,10 @@ def _close_before_fork() -> None:
         if not ledger._lock.acquire(timeout=_FORK_LOCK_SECONDS):
             continue  # the child parks it (see _park_inherited_connections)
         _HELD_AT_FORK.append(ledger)
+        if ledger._depth == 0:
+            # the child forgets them; written here, they are not lost for
+            # as long as the parent lives
+            ledger.flush_published()
         if (ledger._depth == 0 and ledger._connection is not None
                 and ledger._pid == os.getpid()):
             ledger._connection.close()
@@ -72,6 +88,28 @@ def _park_inherited_connections() -> None:
         # a parent thread may have held it at the fork
         ledger._lock = threading.RLock()
         ledger._depth = 0
+    # the parent's to write; their timer threads did not cross the fork
+    _PUBLISHED.clear()
+
+
+def _flush_at_exit() -> None:
+    for ledger in list(_LEDGERS):
+        with contextlib.suppress(sqlite3.Error):
+            ledger.flush_published()
+
+
+_FLUSH_AT_EXIT_PID: Optional[int] = None
+
+
+def _flush_at_exit_of_this_process() -> None:
+    """Write published rows when this process exits normally: through
+    multiprocessing's exit functions, which run at interpreter exit and at
+    the end of a multiprocessing child (that skips ``atexit``; they are
+    cleared when it starts, so each process registers its own)."""
+    global _FLUSH_AT_EXIT_PID
+    if _FLUSH_AT_EXIT_PID != os.getpid():
+        _FLUSH_AT_EXIT_PID = os.getpid()
+        multiprocessing.util.Finalize(None, _flush_at_exit, exitpriority=10)
 
 
 os.register_at_fork(before=_close_before_fork,
@@ -113,6 +151,32 @@ class ReservationRow(NamedTuple):
     digest: Optional[str]
     namespace: Optional[str]
     key: Optional[str]
+
+
+class _PublishedRows:
+    """Entries this process published whose rows are not written yet, of
+    one ledger file (shared by every :class:`StoreLedger` of it, so that
+    another store object of the directory sees them with its next
+    transaction)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        # (reservation id, entry row, entry file)
+        self.rows: List[Tuple[int, EntryRow, str]] = []
+        self.timer: Optional[threading.Timer] = None
+
+    def taken(self) -> List[Tuple[int, EntryRow, str]]:
+        with self.lock:
+            return list(self.rows)
+
+    def written(self, rows: List[Tuple[int, EntryRow, str]]) -> None:
+        done = {reservation_id for reservation_id, _, _ in rows}
+        with self.lock:
+            self.rows = [row for row in self.rows if row[0] not in done]
+
+
+#: Ledger file -> this process's published rows not written yet.
+_PUBLISHED: Dict[str, _PublishedRows] = {}
 
 
 class StoreLedger:
@@ -188,9 +252,57 @@ class StoreLedger:
             self._depth = 1
             try:
                 with self._begin(connection):
+                    written = self._write_published()
                     yield connection
+                # kept for the next transaction if this one rolled back
+                self._published().written(written)
             finally:
                 self._depth = 0
+
+    def _published(self) -> _PublishedRows:
+        return _PUBLISHED.setdefault(self.path, _PublishedRows())
+
+    def defer_publish(self, reservation_id: int, row: EntryRow,
+                      path: str) -> None:
+        """Record the entry ``row`` (its file ``path`` already in place)
+        and drop the reservation that held its bytes, with this process's
+        next transaction on the ledger or within ``PUBLISH_DELAY`` s."""
+        _flush_at_exit_of_this_process()
+        published = self._published()
+        with published.lock:
+            published.rows.append((reservation_id, row, path))
+            if published.timer is None:
+                published.timer = threading.Timer(
+                    PUBLISH_DELAY, self._flush_on_timer, (published, ))
+                published.timer.daemon = True
+                published.timer.start()
+
+    def flush_published(self) -> None:
+        """Write the published entries' rows now."""
+        if self._published().rows:
+            with self.transaction():
+                pass
+
+    def _flush_on_timer(self, published: _PublishedRows) -> None:
+        with published.lock:
+            published.timer = None
+        self.flush_published()
+
+    def _write_published(self) -> List[Tuple[int, EntryRow, str]]:
+        """Write the published entries' rows (inside a transaction); the
+        ones written. Each replaces its reservation if its file is still
+        there (another process may remove a file the ledger did not list
+        yet). A reservation the ledger no longer has (the ledger file was
+        lost and made anew) leaves a file nothing counts: it goes."""
+        rows = self._published().taken()
+        for reservation_id, row, path in rows:
+            if not self.delete_reservation(reservation_id):
+                if self.entry(row.digest) is None:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(path)
+            elif os.path.exists(path):
+                self.insert_entry(row)
+        return rows
 
     def _rows(self, sql: str, args=()) -> list:
         """Run one statement under the lock; all its rows."""
@@ -206,6 +318,13 @@ class StoreLedger:
     def inflight_bytes(self) -> int:
         return self._rows(
             'SELECT COALESCE(SUM(nbytes), 0) FROM reservations')[0][0]
+
+    def used_bytes(self) -> int:
+        """Committed plus in-flight bytes, in one statement (asked on
+        every reservation)."""
+        return self._rows(
+            "SELECT (SELECT value FROM totals WHERE name='committed') + "
+            '(SELECT COALESCE(SUM(nbytes), 0) FROM reservations)')[0][0]
 
     def entry_count(self) -> int:
         return self._rows('SELECT COUNT(*) FROM entries')[0][0]
@@ -289,8 +408,12 @@ class StoreLedger:
         self._rows('UPDATE reservations SET nbytes=? WHERE id=?',
                    (nbytes, reservation_id))
 
-    def delete_reservation(self, reservation_id: int) -> None:
-        self._rows('DELETE FROM reservations WHERE id=?', (reservation_id, ))
+    def delete_reservation(self, reservation_id: int) -> bool:
+        """Delete a reservation's row; whether it was there."""
+        with self._lock:
+            return self.connection.execute(
+                'DELETE FROM reservations WHERE id=?',
+                (reservation_id, )).rowcount > 0
 
     def add_retired_counters(self, counts: Dict[str, Dict[str, int]]) -> None:
         with self._lock:

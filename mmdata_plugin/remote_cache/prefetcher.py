@@ -664,6 +664,9 @@ class NodePrefetcher:
                     continue
                 fetched += 1
                 with entry:
+                    if entry.size is not None:  # downloaded by this call
+                        total += entry.size
+                        continue
                     try:
                         total += os.path.getsize(entry.path)
                     except FileNotFoundError:

@@ -180,6 +180,80 @@ def test_kill_between_rename_and_commit_adopts_complete_entry(tmp_path):
     assert store.read_bytes('remote', 'k') == _payload('k')
 
 
+def _publish_then_die(cache_dir, keys):
+    store = NodeStore(cache_dir, 100_000)
+    for key in keys:
+        store.get_or_produce('remote', key,
+                             lambda file, key=key: file.write(_payload(key)),
+                             2000)
+    # before the ledger writes the entries' rows (a timer, PUBLISH_DELAY on)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_kill_before_the_batched_rows_are_written_adopts_every_entry(
+        tmp_path):
+    cache_dir = str(tmp_path / 'store')
+    keys = [f'k{i}' for i in range(5)]
+    writer = _FORK.Process(target=_publish_then_die, args=(cache_dir, keys))
+    writer.start()
+    writer.join(30)
+    assert writer.exitcode == -signal.SIGKILL
+    store = NodeStore(cache_dir, 100_000)
+    assert store.usage()[:3] == (10_000, 0, 5)  # adopted, within budget
+    for key in keys:
+        assert store.read_bytes('remote', key) == _payload(key)
+    assert _store_files_bytes(cache_dir) == 10_000
+
+
+def test_a_produced_entry_tells_its_size_without_a_stat(tmp_path):
+    store = NodeStore(str(tmp_path / 'store'), 10_000)
+    produced = store.get_or_produce('remote', 'k',
+                                    lambda file: file.write(b'x' * 1234), 10)
+    private = store.get_or_produce('remote', 'p',
+                                   lambda file: file.write(b'y' * 99), 10,
+                                   admit=False)
+    found = store.get_or_produce('remote', 'k', None, 10)
+    assert (produced.size, private.size, found.size) == (1234, 99, None)
+    private.release()
+
+
+def _publish_then_wait(cache_dir, done, stop):
+    store = NodeStore(cache_dir, 100_000)
+    store.get_or_produce('remote', 'k', lambda file: file.write(_payload('k')),
+                         2000)
+    done.set()
+    stop.wait(30)  # no further ledger transaction of this process
+
+
+def test_a_publish_costs_one_transaction_and_its_row_follows_alone(
+        tmp_path):
+    cache_dir = str(tmp_path / 'store')
+    store = NodeStore(cache_dir, 1_000_000)
+    statements = []
+    store._ledger.connection.set_trace_callback(statements.append)
+    for i in range(20):
+        store.get_or_produce('remote', f'k{i}',
+                             lambda file: file.write(_payload('k')), 2000)
+    # one reservation each; the entry rows join the next one
+    assert statements.count('BEGIN IMMEDIATE') <= 21
+    assert store.usage()[:3] == (40_000, 0, 20)
+    # an idle publisher's rows are written within PUBLISH_DELAY
+    done, stop = _FORK.Event(), _FORK.Event()
+    idle = _FORK.Process(target=_publish_then_wait,
+                         args=(str(tmp_path / 'idle'), done, stop))
+    idle.start()
+    try:
+        assert done.wait(30)
+        reader = NodeStore(str(tmp_path / 'idle'), 100_000)
+        deadline = time.monotonic() + 10
+        while reader.usage().entries == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert reader.usage()[:3] == (2000, 0, 1)
+    finally:
+        stop.set()
+        idle.join(30)
+
+
 def _fill_randomly(cache_dir, limit, seed, barrier):
     store = NodeStore(cache_dir, limit)
     barrier.wait()

@@ -167,8 +167,8 @@ def test_errors_survive_pickling(args):
 
 
 class _ChunkedAndLooping(http.server.BaseHTTPRequestHandler):
-    """A server that sends GET bodies chunked (HEAD gives the length) and
-    redirects /loop to itself."""
+    """A server that sends GET bodies chunked (HEAD gives the length),
+    redirects /loop to itself and /moved to /plain."""
     protocol_version = 'HTTP/1.1'
     data = bytes(range(256)) * 40
 
@@ -182,9 +182,10 @@ class _ChunkedAndLooping(http.server.BaseHTTPRequestHandler):
         self.end_headers()
 
     def do_GET(self):
-        if self.path == '/loop':
-            self.send_response(302)
-            self.send_header('Location', '/loop')
+        if self.path in ('/loop', '/moved'):
+            self.send_response(302 if self.path == '/loop' else 301)
+            self.send_header('Location',
+                             '/loop' if self.path == '/loop' else '/plain')
             self.send_header('Content-Length', '0')
             self.end_headers()
             return
@@ -217,6 +218,11 @@ def test_chunked_bodies_and_redirect_loops():
         assert sink.getvalue() == data
         with pytest.raises(RemoteChangedError, match='more than the expected'):
             backend.download(f'{base}/grown', io.BytesIO(), expect=stat)
+        # A redirect is followed, also by a copy made after use (a
+        # DataLoader worker's: the host's pool is not pickled).
+        assert backend.get(f'{base}/moved') == data
+        assert pickle.loads(pickle.dumps(backend)).get(
+            f'{base}/moved') == data
         # A redirect loop is the server's answer, not worth a retry.
         made = backend.requests_made
         with pytest.raises(RemoteIOError, match='too many redirects'):
