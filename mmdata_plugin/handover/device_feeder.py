@@ -4,17 +4,19 @@
 Each ``next()`` hands out the batch placed while the previous step ran and
 starts placing the one after it, so the copy runs while the current step
 computes (timm's ``PrefetchLoader``, NVIDIA's ImageNet example) and so
-does the host work of unpacking it. A :class:`~.batch_block.BatchBlock` is copied as one
-block (one non-blocking copy from pinned memory) and unpacked into views on
-the device; any other batch has each tensor copied, as mmengine's
-``cast_data`` would. On a CPU device nothing is copied: blocks are unpacked
-into views of the host block, other batches pass unchanged.
+does the host work of unpacking it. A :class:`~.batch_block.BatchBlock` is
+copied as one block (one non-blocking copy from pinned memory) and
+unpacked into views on the device. Any other batch passes unchanged, and
+the data preprocessor's ``cast_data`` moves it on the compute stream as
+without the feeder. On a CPU device blocks are unpacked into views of the
+host block.
 """
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterator, List, Optional
 
 import torch
+
 from .batch_block import BatchBlock
 
 _perf_counter = time.perf_counter

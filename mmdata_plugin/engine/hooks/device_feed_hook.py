@@ -7,10 +7,12 @@ from mmengine.model import is_model_wrapper
 from mmengine.registry import HOOKS
 from torch.utils.data import DataLoader
 
+from mmdata_plugin.data_monitor.loader_monitor import collate_name
 from mmdata_plugin.handover import (DeviceFeeder, pass_device_batches,
                                     receive_packed)
 from mmdata_plugin.utils.dataloader_slots import (dataloader_class_with_iter,
                                                  rebind_dataloader_attribute)
+
 
 def _fed_iterator(loader: DataLoader, base: type):
     if not _feeds_ahead(loader):
@@ -115,7 +117,7 @@ class DeviceFeedHook(Hook):
             f'DeviceFeedHook: batches go to {device} one step ahead'
             f"{' on a side stream' if torch.device(device).type == 'cuda' else ''}"
             '; collate_fn packs them into one block: '
-            f'{_uses_block_collate(loader)}.')
+            f"{collate_name(loader.collate_fn) == 'block_collate'}.")
 
     def _install(self, loader: DataLoader, device: torch.device,
                  loop) -> None:
@@ -166,12 +168,3 @@ class DeviceFeedHook(Hook):
             del self._loader._device_feed
             self._loader = None
 
-
-def _uses_block_collate(loader: DataLoader) -> bool:
-    collate = loader.collate_fn
-    while collate is not None:
-        if getattr(collate, '__name__', '') == 'block_collate':
-            return True
-        collate = getattr(collate, 'func', None) or getattr(
-            collate, 'collate_fn', None)
-    return False
