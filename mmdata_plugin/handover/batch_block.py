@@ -245,12 +245,15 @@ class BatchBlock(Mapping):
     structure.
 
     It crosses the worker boundary as one shared-memory segment (plus the
-    pickled structure, which holds no tensor). ``pin_memory`` (torch's
-    protocol for custom batch types, called by the DataLoader's pin-memory
-    thread) pins the block with one copy. ``DeviceFeedHook`` moves it to the
-    device and unpacks it there; without the hook it reads as the batch
-    dict itself (unpacked into views of the host block at the first
-    access), so a data preprocessor still gets what it expects.
+    pickled structure, which holds no tensor). It arrives as a block only
+    while :func:`receive_packed` is on (``DeviceFeedHook`` turns it on
+    while it feeds); otherwise it is unpacked into the batch dict on
+    arrival. ``pin_memory`` (torch's protocol for custom batch types,
+    called by the DataLoader's pin-memory thread) pins the block with one
+    copy, and ``DeviceFeedHook`` moves it to the device and unpacks it
+    there. A block that reaches another consumer reads as the batch
+    mapping itself (unpacked into views of the host block at the first
+    access).
     ``handover_stages`` holds what the training process spent on it
     (seconds): ``receive`` (unpickling it, the segment's file-descriptor
     round trip included), ``pin``, and what
