@@ -19,6 +19,7 @@ metainfo arrays) come first and are cloned out of the block when unpacked,
 so a consumer that keeps a label (an evaluator collecting ``gt_label``)
 keeps a few bytes alive, not the batch's pixels.
 """
+import functools
 import io
 import pickle
 import time
@@ -193,6 +194,15 @@ def pack_batch(batch: dict) -> 'BatchBlock':
                       pickler.complete)
 
 
+@functools.lru_cache(maxsize=1024)
+def _contiguous_strides(shape: tuple) -> tuple:
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(strides))
+
+
 class _ViewingUnpickler(pickle.Unpickler):
     """Rebuilds a packed batch with views into its block(s)."""
 
@@ -205,6 +215,7 @@ class _ViewingUnpickler(pickle.Unpickler):
         self.small_end = small_end
         self._host_small: Optional[torch.Tensor] = None
         self._loaded = {}
+        self._typed_regions = {}
 
     def persistent_load(self, pid: int):
         # One object per entry: what was one object before packing (a
@@ -220,12 +231,17 @@ class _ViewingUnpickler(pickle.Unpickler):
             # numpy arrays stay on the host whatever the device.
             data = self._host_region(offset)[offset:offset + nbytes].numpy()
             return data.view(dtype).reshape(shape)
-        if offset < self.small_end or nbytes == 0:
-            source = self.small[offset:offset + nbytes]
-        else:
-            start = offset - self.small_end
-            source = self.large[start:start + nbytes]
-        return source.view(dtype).view(shape)
+        in_small = offset < self.small_end or nbytes == 0
+        # One as_strided per entry on a view of the region per dtype, not
+        # a slice and two views: a batch has one entry per data sample.
+        typed = self._typed_regions.get((in_small, dtype))
+        if typed is None:
+            typed = self._typed_regions[in_small, dtype] = (
+                self.small if in_small else self.large).view(dtype)
+        start = offset if in_small else offset - self.small_end
+        return typed.as_strided(
+            shape, _contiguous_strides(shape),
+            typed.storage_offset() + start // typed.element_size())
 
     def _host_region(self, offset: int) -> torch.Tensor:
         """What a numpy array at ``offset`` views: for a small one a copy
