@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from ..utils.receipt_stamp import ReceiptStamp
+from .block_slots import lease, worker_slots
 
 #: Tensors/arrays smaller than this are kept apart from the pixels (see the
 #: module docstring).
@@ -46,8 +47,9 @@ def _aligned(offset: int) -> int:
     return (offset + ALIGN - 1) // ALIGN * ALIGN
 
 
-def _new_shared_block(nbytes: int) -> torch.Tensor:
-    """A uint8 tensor whose storage already lives in shared memory.
+def _new_shared_block(nbytes: int) -> Tuple[torch.Tensor, bool]:
+    """A uint8 tensor whose storage already lives in shared memory, and
+    whether it is a slot the worker writes again (see :mod:`.block_slots`).
 
     Inside a DataLoader worker torch moves a returned tensor's storage to
     shared memory with a full copy; a storage made shared from the start
@@ -55,10 +57,13 @@ def _new_shared_block(nbytes: int) -> torch.Tensor:
     ``_new_shared``) is sent as it is.
     """
     if torch.utils.data.get_worker_info() is None:
-        return torch.empty(nbytes, dtype=torch.uint8)
+        return torch.empty(nbytes, dtype=torch.uint8), False
+    payload = worker_slots().take(nbytes)
+    if payload is not None:
+        return payload, True
     storage = torch.UntypedStorage._new_shared(nbytes)
     return torch.empty(0, dtype=torch.uint8).set_(storage, 0, (nbytes, ),
-                                                  (1, ))
+                                                  (1, )), False
 
 
 class Stacked:
@@ -186,12 +191,12 @@ def pack_batch(batch: dict) -> 'BatchBlock':
     pickler.dump(batch)
     entries = pickler.entries
     small_end, total = _place(entries)
-    block = _new_shared_block(total)
+    block, leased = _new_shared_block(total)
     for entry in entries:
         _copy_in(block, entry)
     return BatchBlock(block, buffer.getvalue(),
                       [entry.plain() for entry in entries], small_end,
-                      pickler.complete)
+                      pickler.complete, leased)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -284,22 +289,27 @@ class BatchBlock(Mapping):
         complete (bool): Whether every tensor of the batch is in the block
             (not tensor subclasses or tensors that require grad, which are
             pickled in ``structure``). Defaults to True.
+        leased (bool): Whether ``block`` is a worker's slot, which the
+            receiving process frees for the worker when the last tensor
+            viewing it dies (:mod:`.block_slots`). Defaults to False.
     """
 
     __slots__ = ('block', 'structure', 'entries', 'small_end', 'complete',
-                 'handover_stages', '_unpacked')
+                 'leased', 'handover_stages', '_unpacked')
 
     def __init__(self,
                  block: torch.Tensor,
                  structure: bytes,
                  entries: list,
                  small_end: int,
-                 complete: bool = True) -> None:
+                 complete: bool = True,
+                 leased: bool = False) -> None:
         self.block = block
         self.structure = structure
         self.entries = entries
         self.small_end = small_end
         self.complete = complete
+        self.leased = leased
         self.handover_stages = {}
         self._unpacked: Optional[dict] = None
 
@@ -319,7 +329,8 @@ class BatchBlock(Mapping):
 
     def __reduce__(self):
         return received_batch, (ReceiptStamp(), self.block, self.structure,
-                                self.entries, self.small_end, self.complete)
+                                self.entries, self.small_end, self.complete,
+                                self.leased)
 
     def pin_memory(self, *args, **kwargs) -> 'BatchBlock':
         start = _perf_counter()
@@ -376,14 +387,22 @@ def receive_packed(enabled: bool) -> bool:
     return previous
 
 
-def received_batch(started: float, block: torch.Tensor, structure: bytes,
-                   entries: list, small_end: int, complete: bool = True):
+def received_batch(started: float,
+                   block: torch.Tensor,
+                   structure: bytes,
+                   entries: list,
+                   small_end: int,
+                   complete: bool = True,
+                   leased: bool = False):
     """A block that reached the training process, as the consumer takes it.
 
     A :class:`BatchBlock` while :func:`receive_packed` is on (its
     ``receive`` stage counted from ``started``, a ``perf_counter`` time),
-    else the batch unpacked into views of ``block``.
+    else the batch unpacked into views of ``block``. A ``leased`` block (a
+    worker's slot) is freed for its worker when the last of them dies.
     """
+    if leased:
+        block = lease(block)
     batch = BatchBlock(block, structure, entries, small_end, complete)
     if not _RECEIVE_PACKED[0]:
         return batch.unpack()

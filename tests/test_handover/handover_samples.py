@@ -4,7 +4,10 @@ import numpy as np
 import torch
 from mmengine.structures import (BaseDataElement, InstanceData, LabelData,
                                  PixelData)
+from mmengine.dataset import pseudo_collate
 from torch.utils.data import Dataset
+
+from mmdata_plugin.handover import block_slots
 
 
 class BitmapLikeMasks:
@@ -77,6 +80,16 @@ SAMPLES = dict(
     classification=classification_sample,
     detection=detection_sample,
     segmentation=segmentation_sample)
+
+
+def busy_slots_collate(data_batch):
+    """pseudo_collate, noting how many of this worker's block slots are
+    busy before the batch takes one."""
+    slots = block_slots.worker_slots().slots
+    batch = pseudo_collate(data_batch)
+    batch['busy_slots'] = sum(
+        int(slot.flag[0] == block_slots._BUSY) for slot in slots)
+    return batch
 
 
 class StructureDataset(Dataset):
