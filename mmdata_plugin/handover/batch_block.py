@@ -106,6 +106,11 @@ def _is_packable_array(obj) -> bool:
     return type(obj) is np.ndarray and obj.dtype.kind in 'biufc'
 
 
+#: Types that hold no tensor themselves (containers' items are asked apart).
+_PICKLED_AS_THEY_ARE = frozenset(
+    (str, int, float, bool, type(None), bytes, tuple, list, dict))
+
+
 class _PackingPickler(pickle.Pickler):
     """Pickles a batch with its tensors and arrays replaced by entries."""
 
@@ -120,6 +125,10 @@ class _PackingPickler(pickle.Pickler):
         self.complete = True
 
     def persistent_id(self, obj) -> Optional[int]:
+        # Asked for every object of the batch (thousands of strings and
+        # numbers of metainfo): those leave at once.
+        if type(obj) in _PICKLED_AS_THEY_ARE:
+            return None
         pid = self._ids.get(id(obj))
         if pid is not None:
             return pid
