@@ -1,10 +1,12 @@
 # Does the GPU get its batches? The batch hand-over into the training
 # process, alone and feeding a model, against the model's own speed.
 import argparse
+import itertools
 import statistics
 import time
 from typing import Callable, Dict, List
 
+import cv2
 import numpy as np
 import torch
 from mmengine.dataset import default_collate, pseudo_collate
@@ -54,20 +56,33 @@ def parse_args():
     parser.add_argument(
         '--samples',
         default='cropped',
-        choices=('cropped', 'ready'),
+        choices=('cropped', 'ready', 'decoded'),
         help='cropped: a crop and flip of a cached image per sample (a warm '
         'decode-once pipeline); ready: ready-made samples, so that only the '
-        'hand-over costs')
+        'hand-over costs; decoded: a JPEG (--jpeg-size) decoded, cropped and '
+        'flipped per sample (a pipeline that decodes every epoch: the '
+        'hand-over alone is then what its workers produce)')
+    parser.add_argument('--jpeg-size', default='1024x768',
+                        help='WxH of the decoded samples\' JPEGs')
     return parser.parse_args()
 
 
 class ReadySamples(Dataset):
-    """Samples as a warm decode-once pipeline leaves them: a crop and flip
-    of a cached uint8 image (numpy), packed; with ``cropped=False``
-    ready-made (a copy of a packed image), so that only the hand-over
-    costs."""
+    """Samples as a pipeline leaves them: a uint8 image (3, size, size) and
+    a data sample with a label.
 
-    def __init__(self, size: int, cropped: bool = True,
+    Args:
+        size (int): The image side.
+        kind (str): ``'cropped'``: a crop and flip of a cached image (a warm
+            decode-once pipeline); ``'ready'``: a ready-made copy of a packed
+            image, so that only the hand-over costs; ``'decoded'``: a JPEG
+            of ``jpeg_size`` decoded, then cropped and flipped.
+        jpeg_size (tuple): (width, height) of the decoded kind's JPEGs.
+        length (int): Samples in the dataset.
+    """
+
+    def __init__(self, size: int, kind: str = 'cropped',
+                 jpeg_size: tuple = (1024, 768),
                  length: int = 100_000) -> None:
         rng = np.random.default_rng(0)
         self.images = rng.integers(0, 255, (8, size + 32, size + 32, 3),
@@ -78,18 +93,35 @@ class ReadySamples(Dataset):
                     image[:size, :size].transpose(2, 0, 1)))
             for image in self.images
         ]
-        self.size, self.cropped, self.length = size, cropped, length
+        self.jpegs = [self._jpeg(rng, jpeg_size) for _ in range(4)
+                      ] if kind == 'decoded' else []
+        self.size, self.kind, self.length = size, kind, length
+
+    @staticmethod
+    def _jpeg(rng, jpeg_size: tuple) -> np.ndarray:
+        # Smooth content, so the JPEG is photo-sized (noise would be huge).
+        width, height = jpeg_size
+        small = rng.integers(0, 255, (height // 16, width // 16, 3),
+                             dtype=np.uint8)
+        image = cv2.resize(small, (width, height),
+                           interpolation=cv2.INTER_CUBIC)
+        return cv2.imencode('.jpg', image, [cv2.IMWRITE_JPEG_QUALITY, 90])[1]
 
     def __len__(self) -> int:
         return self.length
 
     def _image(self, index: int) -> torch.Tensor:
-        if not self.cropped:
+        if self.kind == 'ready':
             # A tensor of its own per sample: one shared by several
             # samples would travel once.
             return self.packed[index % len(self.packed)].clone()
-        image = self.images[index % len(self.images)]
-        y, x = index % 32, (index * 7) % 32
+        if self.kind == 'decoded':
+            image = cv2.imdecode(self.jpegs[index % len(self.jpegs)],
+                                 cv2.IMREAD_COLOR)
+        else:
+            image = self.images[index % len(self.images)]
+        y = index % (image.shape[0] - self.size)
+        x = (index * 7) % (image.shape[1] - self.size)
         crop = image[y:y + self.size, x:x + self.size]
         if index % 2:
             crop = crop[:, ::-1]
@@ -108,7 +140,8 @@ COLLATES: Dict[str, Callable] = dict(
 
 def make_loader(args, collate: str) -> DataLoader:
     return DataLoader(
-        ReadySamples(args.size, cropped=args.samples == 'cropped'),
+        ReadySamples(args.size, args.samples,
+                     tuple(map(int, args.jpeg_size.split('x')))),
         batch_size=args.batch_size,
         num_workers=args.workers,
         persistent_workers=True,
@@ -221,6 +254,12 @@ def feed_rounds(args, device, collates: List[str]) -> Dict[str, list]:
     time_run(train, repeat(), 10, device)
     rates = dict(model_alone=[], **{c: [] for c in collates})
     loaders = {c: make_loader(args, c) for c in collates}
+    if 'block' in collates:
+        # The fed batches themselves, without the loader running beside
+        # the step: what is left of a gap is then the batch, not the feed.
+        placed = list(itertools.islice(
+            batches(loaders['block'], device, 'block'), 8))
+        rates['block_placed'] = []
     for _ in range(args.rounds):
         rates['model_alone'].append(
             time_run(train, repeat(), args.batches, device)[0])
@@ -228,6 +267,10 @@ def feed_rounds(args, device, collates: List[str]) -> Dict[str, list]:
             source = batches(loaders[collate], device, collate)
             rates[collate].append(
                 time_run(train, source, args.batches, device)[0])
+        if 'block' in collates:
+            rates['block_placed'].append(
+                time_run(train, itertools.cycle(placed), args.batches,
+                         device)[0])
     return rates
 
 
@@ -272,14 +315,21 @@ def main():
     rates = feed_rounds(args, device, collates)
     alone = statistics.median(rates['model_alone'])
     print(f'\nFeeding {args.model} ({device}): img/s, median of '
-          f'{args.rounds}; share of the model on a batch in memory')
+          f'{args.rounds}; share of the model on a batch in memory; share '
+          'of what the same loader hands over alone (above)')
     print(f'{"model alone (batch in memory)":<32} '
           f'{alone * args.batch_size:>8.0f}  100.0%')
-    for collate in collates:
-        rate = statistics.median(rates[collate])
-        print(f'{collate + "_collate loader":<32} '
-              f'{rate * args.batch_size:>8.0f}  {100 * rate / alone:5.1f}%')
-
+    rows = [(c, c + '_collate loader') for c in collates]
+    if 'block' in collates:
+        rows.append(('block_placed', 'block batches placed beforehand'))
+    for key, name in rows:
+        rate = statistics.median(rates[key])
+        row = (f'{name:<32} {rate * args.batch_size:>8.0f}  '
+               f'{100 * rate / alone:5.1f}%')
+        if key in runs:
+            loader = statistics.median(r['handover'][0] for r in runs[key])
+            row += f'  {100 * rate / loader:5.1f}% of the loader alone'
+        print(row)
 
 if __name__ == '__main__':
     main()
