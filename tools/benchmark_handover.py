@@ -20,6 +20,7 @@ from mmdata_plugin.handover import (DeviceFeeder, block_collate,
                                    pass_device_batches, receive_packed)
 from mmdata_plugin.models import TinyCNNClassifier
 
+PREFETCH = 2
 MEAN, STD = [123.675, 116.28, 103.53], [58.395, 57.12, 57.375]
 
 
@@ -138,6 +139,13 @@ COLLATES: Dict[str, Callable] = dict(
     pseudo=pseudo_collate, default=default_collate, block=block_collate)
 
 
+def loader_warmup(args) -> int:
+    """Batches to take before timing a loader: those its workers made ahead
+    while it started (the rate is then what they produce, not a drain of
+    what they had ready)."""
+    return max(5, PREFETCH * args.workers)
+
+
 def make_loader(args, collate: str) -> DataLoader:
     return DataLoader(
         ReadySamples(args.size, args.samples,
@@ -145,7 +153,7 @@ def make_loader(args, collate: str) -> DataLoader:
         batch_size=args.batch_size,
         num_workers=args.workers,
         persistent_workers=True,
-        prefetch_factor=2,
+        prefetch_factor=PREFETCH,
         pin_memory=args.device.startswith('cuda'),
         collate_fn=COLLATES[collate])
 
@@ -171,9 +179,11 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_run(step: Callable, source, count: int, device) -> tuple:
-    """(batches/s, training-process CPU ms per batch) over ``count``."""
-    for _ in range(5):
+def time_run(step: Callable, source, count: int, device,
+             warmup: int = 5) -> tuple:
+    """(batches/s, training-process CPU ms per batch) over ``count``, after
+    ``warmup`` batches."""
+    for _ in range(warmup):
         step(next(source))
     sync(device)
     wall, cpu = time.perf_counter(), time.process_time()
@@ -189,8 +199,8 @@ def handover_round(args, device, collate: str) -> dict:
     pre = preprocessor(device)
     source = batches(loader, device, collate)
     results = {}
-    results['handover'] = time_run(pre.cast_data, source,
-                                   args.batches, device)
+    results['handover'] = time_run(pre.cast_data, source, args.batches,
+                                   device, loader_warmup(args))
     if args.preprocess:
         results['preprocess'] = time_run(lambda b: pre(b, True), source,
                                          args.batches, device)
@@ -266,7 +276,8 @@ def feed_rounds(args, device, collates: List[str]) -> Dict[str, list]:
         for collate in collates:
             source = batches(loaders[collate], device, collate)
             rates[collate].append(
-                time_run(train, source, args.batches, device)[0])
+                time_run(train, source, args.batches, device,
+                         loader_warmup(args))[0])
         if 'block' in collates:
             rates['block_placed'].append(
                 time_run(train, itertools.cycle(placed), args.batches,
