@@ -331,7 +331,10 @@ def train(work_dir,
                 plot=False), **(hook or {}))
     ] if monitor else []
     if feed:
-        hooks.append(dict(type='DeviceFeedHook'))
+        hooks.append(
+            dict(type='DeviceFeedHook',
+                 **(feed if isinstance(feed, dict) else {})))
+    hooks += cfg.pop('custom_hooks', [])
     default_hooks = dict(
         logger=dict(type='LoggerHook', interval=1),
         checkpoint=dict(type='CheckpointHook', interval=10**6))

@@ -3,9 +3,11 @@ gets the very batches of a run without them, and the monitor sees the
 training process's data work."""
 import json
 import os.path as osp
+import sys
 
 import pytest
 from mmengine.evaluator import BaseMetric
+from mmengine.hooks import Hook
 from monitor_helpers import SleepyDataset, sleepy_pipeline, train
 from torch.utils.data import DataLoader
 
@@ -70,6 +72,43 @@ def test_without_a_monitor_and_without_workers(tmp_path):
                    monitor=False)
     assert runner.model.seen == train(tmp_path / 'ref', num_workers=0,
                                       monitor=False).model.seen
+
+
+class SwitchIntervalProbe(Hook):
+    """Records the interpreter's switch interval at each training step."""
+
+    seen = []
+
+    def after_train_iter(self, runner, batch_idx, data_batch=None,
+                         outputs=None):
+        self.seen.append(sys.getswitchinterval())
+
+
+@pytest.mark.parametrize('feed,during', [(True, 0.0005),
+                                         (dict(switch_interval=0.002), 0.002),
+                                         (dict(switch_interval=None), None)])
+def test_the_switch_interval_is_short_while_fed_and_put_back(
+        tmp_path, feed, during):
+    before = sys.getswitchinterval()
+    SwitchIntervalProbe.seen.clear()
+    train(tmp_path, collate=BLOCK, feed=feed, monitor=False, max_iters=3,
+          custom_hooks=[dict(type=SwitchIntervalProbe)])
+    assert SwitchIntervalProbe.seen == [during or before] * 3
+    assert sys.getswitchinterval() == before
+
+
+def test_without_workers_the_switch_interval_is_left_alone(tmp_path):
+    before = sys.getswitchinterval()
+    SwitchIntervalProbe.seen.clear()
+    train(tmp_path, num_workers=0, collate=BLOCK, feed=True, monitor=False,
+          max_iters=2, custom_hooks=[dict(type=SwitchIntervalProbe)])
+    assert SwitchIntervalProbe.seen == [before] * 2
+
+
+@pytest.mark.parametrize('value', [0, -1, '5ms'])
+def test_a_bad_switch_interval_is_named(value):
+    with pytest.raises(ValueError, match='switch_interval'):
+        DeviceFeedHook(switch_interval=value)
 
 
 def test_the_device_is_named_and_documented():
