@@ -83,11 +83,12 @@ class DeviceFeedHook(Hook):
             are fed ahead, put back after training; None leaves it. The
             training thread needs the GIL between the kernels it launches,
             and the threads that receive, pin and place batches hold it in
-            turns: with Python's 5 ms the GPU waits. Measured on an H200
-            (ResNet-50, 14 workers): 0.5 ms fed 108.7 % of the model's
-            speed on a batch in memory instead of 100.7 %, and a pipeline
-            decoding every epoch 101.6 % of what its workers produce
-            instead of 93.0 %. Defaults to 0.0005.
+            turns: with Python's 5 ms the GPU can wait. Measured on an
+            H200 (ResNet-50, 14 workers, a pipeline decoding JPEGs every
+            epoch): fed 101.6 % of what its workers produce with 0.5 ms,
+            93.0 % with 5 ms (one run each; with a warm decode-once
+            pipeline the feed was >= 100 % of the model's speed either
+            way). Defaults to 0.0005.
     """
 
     # After DataMonitorHook (NORMAL): it restarts the iterators a loop has
