@@ -1,6 +1,8 @@
-"""The loopback Ray cluster the data-node tests train on: one per test
-module, so that what a module does to its cluster (a node removed) cannot
-reach another module's tests."""
+"""The loopback Ray clusters the data-node tests train on: one shared by
+the modules of this folder (``cluster``), and a module's own
+(``own_cluster``) for a test that changes its cluster (a node removed), so
+that no other test sees the change."""
+import contextlib
 import os
 import os.path as osp
 
@@ -23,8 +25,8 @@ _CLUSTER_ENV = {
 }
 
 
-@pytest.fixture(scope='module')
-def cluster():
+@contextlib.contextmanager
+def _loopback_cluster():
     """A head (1 CPU) and two data nodes (2 CPUs, ``data_node=2`` each),
     ``ray.cluster_utils.Cluster``; this process is connected to it."""
     ray = pytest.importorskip('ray')
@@ -48,3 +50,27 @@ def cluster():
                 os.environ.pop(name)
             else:
                 os.environ[name] = value
+
+
+@pytest.fixture(scope='package')
+def cluster():
+    """The cluster the modules of this folder share."""
+    with _loopback_cluster() as nodes:
+        yield nodes
+
+
+@pytest.fixture(scope='module')
+def own_cluster():
+    """A cluster for this module alone. The shared one, if started, stays
+    up meanwhile and is connected to again afterwards."""
+    ray = pytest.importorskip('ray')
+    shared = (ray.get_runtime_context().gcs_address
+              if ray.is_initialized() else None)
+    ray.shutdown()
+    try:
+        with _loopback_cluster() as nodes:
+            yield nodes
+    finally:
+        if shared is not None:
+            ray.init(address=shared, include_dashboard=False,
+                     log_to_driver=False, configure_logging=False)

@@ -3,8 +3,8 @@ in production (``Cluster.remove_node``): nothing lost, nothing repeated,
 the batches of local workers, and each actor it took is replaced and
 logged.
 
-The module has its own cluster (conftest.py): after the removal it has one
-data node left, which no other module's test sees.
+The test has its own cluster (conftest.py's ``own_cluster``): after the
+removal it has one data node left, which no other test sees.
 """
 import glob
 import os.path as osp
@@ -64,20 +64,20 @@ class RemoveNodeAt(Hook):
         self.cluster.remove_node(node)
 
 
-def test_a_removed_data_node_loses_no_batch(cluster, tmp_path):
+def test_a_removed_data_node_loses_no_batch(own_cluster, tmp_path):
     # Samples slow enough (30 ms of I/O) that the actors have batches in
     # production when their node goes after iteration 3 (4 in flight);
     # the 3 batches not yet sent go round-robin to every actor's slot, so
     # each dead actor is found even if its results had all come back.
     expected = train(tmp_path / 'local', monitor=False,
                      train_cfg=FAST_RESUME).model.seen
-    removal = RemoveNodeAt(cluster, at=3)
+    removal = RemoveNodeAt(own_cluster, at=3)
     runner = train(tmp_path / 'ray', monitor=False, train_cfg=FAST_RESUME,
                    io_ms=30, custom_hooks=[
                        dict(type='RayDataNodesHook', num_actors=2,
                             **ONE_CPU_EACH), removal
                    ])
-    assert len(cluster.worker_nodes) == 1
+    assert len(own_cluster.worker_nodes) == 1
     assert runner.model.seen == expected
     assert removal.slots_on_node
     assert ray_hook_of(runner).pool.replaced == len(removal.slots_on_node)
