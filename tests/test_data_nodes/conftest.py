@@ -25,6 +25,11 @@ _CLUSTER_ENV = {
 }
 
 
+def _add_data_nodes(nodes, count: int) -> None:
+    for _ in range(count):
+        nodes.add_node(num_cpus=2, resources=dict(data_node=2))
+
+
 @contextlib.contextmanager
 def _loopback_cluster():
     """A head (1 CPU) and two data nodes (2 CPUs, ``data_node=2`` each),
@@ -36,8 +41,7 @@ def _loopback_cluster():
     nodes = Cluster(initialize_head=True,
                     head_node_args=dict(num_cpus=1, include_dashboard=False))
     try:
-        for _ in range(2):
-            nodes.add_node(num_cpus=2, resources=dict(data_node=2))
+        _add_data_nodes(nodes, 2)
         ray.init(address=nodes.address, include_dashboard=False,
                  log_to_driver=False, configure_logging=False)
         nodes.wait_for_nodes()
@@ -60,7 +64,7 @@ def cluster():
 
 
 @pytest.fixture(scope='module')
-def own_cluster():
+def module_cluster():
     """A cluster for this module alone. The shared one, if started, stays
     up meanwhile and is connected to again afterwards."""
     ray = pytest.importorskip('ray')
@@ -74,3 +78,11 @@ def own_cluster():
         if shared is not None:
             ray.init(address=shared, include_dashboard=False,
                      log_to_driver=False, configure_logging=False)
+
+
+@pytest.fixture
+def own_cluster(module_cluster):
+    """This module's cluster with its two data nodes (a node a test removed
+    is replaced by a new one)."""
+    _add_data_nodes(module_cluster, 2 - len(module_cluster.worker_nodes))
+    return module_cluster
