@@ -90,7 +90,7 @@ def _dataset(side):
         (None, 0.0, 'ActorDiedError'),
         # Removed once the batches in flight are made and wait in the
         # node's object store: they are lost with it.
-        (160, 1.0, 'ObjectLostError'),
+        (160, 1.5, 'ObjectLostError'),
     ],
     ids=['producing', 'made'])
 def test_a_removed_data_node_loses_no_batch(own_cluster, tmp_path, side,
