@@ -2,9 +2,10 @@
 
 One cluster (a head and two data nodes with a ``data_node`` resource,
 ``ray.cluster_utils.Cluster``, conftest.py) serves the modules of this
-folder and is torn down at their end. The runs are those of :func:`monitor_helpers.train` with the
-fast-resume loop (per-sample seeds, a random crop): their batches, made by
-Ray actors, must equal bitwise those of local DataLoader workers.
+folder and is torn down at their end. The runs are those of
+:func:`monitor_helpers.train` with the fast-resume loop (per-sample seeds,
+a random crop): their batches, made by Ray actors, must equal bitwise
+those of local DataLoader workers.
 """
 import glob
 import os
