@@ -124,7 +124,8 @@ def _start_cluster(args):
     cluster = Cluster(
         initialize_head=True,
         head_node_args=dict(num_cpus=2, object_store_memory=store,
-                            resources=dict(trainer_node=4)))
+                            resources=dict(trainer_node=4),
+                            include_dashboard=False))
     for _ in range(args.data_nodes):
         cluster.add_node(num_cpus=4, object_store_memory=store,
                          resources=dict(data_node=4))

@@ -45,3 +45,24 @@ class ResumeProbeHook(Hook):
         with open(path, 'a') as f:
             f.write(json.dumps(record) + '\n')
         time.sleep(self.delay)
+
+
+def records(work_dir, rank=0):
+    """``{iteration: record}`` the probe wrote for one rank."""
+    with open(osp.join(work_dir, f'probe_rank{rank}.jsonl')) as f:
+        return {r['iter']: r for r in map(json.loads, f)}
+
+
+def samples_by_position(work_dir, world_size, batch_size, first_iter=0,
+                        start=0):
+    """``{global position: [index, digest]}`` in mmengine's rank layout
+    (rank r of W trains positions r, r + W, ...; the run's first recorded
+    iteration, ``first_iter``, starts at position ``start``)."""
+    out = {}
+    for rank in range(world_size):
+        for it, record in records(work_dir, rank).items():
+            for slot, sample in enumerate(
+                    zip(record['index'], record['digest'])):
+                local = (it - first_iter) * batch_size + slot
+                out[start + local * world_size + rank] = list(sample)
+    return out

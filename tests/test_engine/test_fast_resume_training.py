@@ -4,12 +4,12 @@ The demo config (real JPEGs, random resize/crop/flip in 2 workers) with
 ``randomness.seed=None`` and ``diff_rank_seed=True``, the settings stock
 mmengine cannot resume onto the same order.
 """
-import json
 import os.path as osp
 import sys
 
 import pytest
 from helpers import DEMO_CONFIG, REPO_ROOT, TRAIN_SCRIPT
+from resume_probe import records, samples_by_position
 
 from mmdata_plugin.testing import (cpu_env, python_path, run_command,
                                    run_torchrun,
@@ -44,23 +44,6 @@ randomness = dict(seed=None, diff_rank_seed=True)
 
 def train_args(config, work_dir, *extra):
     return [config, '--work-dir', str(work_dir), *extra]
-
-
-def records(work_dir, rank=0):
-    with open(osp.join(work_dir, f'probe_rank{rank}.jsonl')) as f:
-        return {r['iter']: r for r in map(json.loads, f)}
-
-
-def samples_by_position(work_dir, world_size, first_iter=0, start=0):
-    """``{global position: (index, digest)}`` in mmengine's rank layout."""
-    out = {}
-    for rank in range(world_size):
-        for it, record in records(work_dir, rank).items():
-            for slot, sample in enumerate(
-                    zip(record['index'], record['digest'])):
-                local = (it - first_iter) * BATCH + slot
-                out[start + local * world_size + rank] = sample
-    return out
 
 
 def same_iterations(resumed, reference):
@@ -150,9 +133,9 @@ def test_world_size_2_to_1_continues_the_global_stream(
     ],
                       env=probe_env).stdout
     assert 'world_size x batch_size changed from 2 x 4 to 1 x 4' in out
-    reference = samples_by_position(full, 2)
+    reference = samples_by_position(full, 2, BATCH)
     before = {p: s for p, s in reference.items() if p < 32}
-    after = samples_by_position(work_dir, 1, first_iter=4, start=32)
+    after = samples_by_position(work_dir, 1, BATCH, first_iter=4, start=32)
     # No position lost or repeated, and each has the sample -- and the
     # augmented pixels -- the 2-rank run had there.
     assert sorted(before) + sorted(after) == list(range(64))
@@ -169,8 +152,8 @@ def test_world_size_1_to_2_continues_the_global_stream(
         train_args(config, work_dir, '--launcher', 'pytorch', '--resume',
                    str(killed / 'iter_8.pth')),
         env=probe_env)
-    reference = samples_by_position(killed, 1)
-    after = samples_by_position(work_dir, 2, first_iter=8, start=32)
+    reference = samples_by_position(killed, 1, BATCH)
+    after = samples_by_position(work_dir, 2, BATCH, first_iter=8, start=32)
     assert sorted(after) == list(range(32, 64))
     common = set(after) & set(reference)
     assert len(common) >= BATCH
