@@ -118,13 +118,13 @@ def test_measure_dataloader_reports_and_restores_the_loader():
     assert not hasattr(mmengine.fileio.get, '_data_monitor_original')
 
 
-def _nested():
+def _nested(num=6, ms=(2, 0, 1)):
     return SleepyDataset(
-        num=6,
+        num=num,
         pipeline=[
             dict(type='LoadImageFromFile'),
-            RandomApply([Sleep(2), Sleep(0)], prob=1.0),
-            RandomChoice([[Sleep(1)], [Sleep(1)]], prob=[1.0, 0.0]),
+            RandomApply([Sleep(ms[0]), Sleep(ms[1])], prob=1.0),
+            RandomChoice([[Sleep(ms[2])], [Sleep(ms[2])]], prob=[1.0, 0.0]),
             dict(type='PackImageLabelInputs'),
         ])
 
@@ -285,15 +285,7 @@ def test_sampled_batches_estimate_stages_and_keep_totals_exact():
 def _monitor_calls_per_batch(batch_size: int, timed: bool):
     """The calls into the monitor's code while the loader yields one
     (timed or untimed) batch of nested wrappers and probed loading."""
-    dataset = SleepyDataset(
-        num=64,
-        pipeline=[
-            dict(type='LoadImageFromFile'),
-            RandomApply([Sleep(0), Sleep(0)], prob=1.0),
-            RandomChoice([[Sleep(0)], [Sleep(0)]], prob=[1.0, 0.0]),
-            dict(type='PackImageLabelInputs'),
-        ])
-    loader = _loader(dataset, batch_size=batch_size)
+    loader = _loader(_nested(num=64, ms=(0, 0, 0)), batch_size=batch_size)
     with DataLoaderMonitor(loader, warmup_iters=0, sample_every=3):
         batches = iter(loader)
         next(batches)
