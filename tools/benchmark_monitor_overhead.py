@@ -269,6 +269,7 @@ def interleaved(build: Callable[[int], DataLoader], args):
 def in_process(build: Callable[[int], DataLoader], args) -> dict:
     """CPU seconds per sample of a worker-less plain loader, what the
     monitored one costs more (median over rounds, with the rounds' IQR),
+    the same for a second plain loader (the method's own noise and bias),
     its K, and recorded batches.
 
     The whole cost in one process (timed fetches and transforms, the
@@ -276,26 +277,34 @@ def in_process(build: Callable[[int], DataLoader], args) -> dict:
     measured after the sampling interval K has settled, in rounds of K
     batch pairs (:func:`paired_round`): every round of the monitored
     loader holds one timed batch, so a round's difference is the cost
-    amortised over a run.
+    amortised over a run. Each round is followed by one of the plain loader
+    against a second plain loader (``control``), which should differ by
+    nothing: what it shows is what the machine does to the method.
     """
-    loaders = {m: build(0) for m in MODES}
+    loaders = {m: build(0) for m in MODES + ('control', )}
     monitor = DataLoaderMonitor(loaders['monitored']).install()
     iterators = {m: iter(loader) for m, loader in loaders.items()}
+    costs, noise, plain = [], [], []
     try:
         take(iterators['plain'], FULL_BATCHES)
+        take(iterators['control'], FULL_BATCHES)
         every = settle_sampling(iterators['monitored'])
-        rounds = [
-            paired_round(iterators, every, sample_count)
-            for _ in range(args.process_rounds)
-        ]
-        costs = [r['monitored'] - r['plain'] for r in rounds]
+        for _ in range(args.process_rounds):
+            measured = paired_round(iterators, MODES, every, sample_count)
+            control = paired_round(iterators, ('plain', 'control'), every,
+                                   sample_count)
+            costs.append(measured['monitored'] - measured['plain'])
+            noise.append(control['control'] - control['plain'])
+            plain.append(measured['plain'])
         recorded = record_batches(monitor, iterators['monitored'], every)
     finally:
         monitor.uninstall()
     return dict(
-        plain=statistics.median(r['plain'] for r in rounds),
+        plain=statistics.median(plain),
         cost=statistics.median(costs),
         spread=quartiles([1e6 * c for c in costs], '{:+.2f}'),
+        noise=statistics.median(noise),
+        noise_spread=quartiles([1e6 * n for n in noise], '{:+.2f}'),
         records=recorded,
         every=every)
 
@@ -317,26 +326,27 @@ def sample_count(batch) -> int:
     return len(batch['inputs'])
 
 
-def paired_round(iterators: Dict[str, Iterator], pairs: int,
-                 samples: Callable) -> Dict[str, float]:
-    """CPU seconds per sample of each mode over ``pairs`` batch pairs.
+def paired_round(iterators: Dict[str, Iterator], modes: Tuple[str, str],
+                 pairs: int, samples: Callable) -> Dict[str, float]:
+    """CPU seconds per sample of the two ``modes`` over ``pairs`` batch
+    pairs.
 
-    The two loaders take turns batch by batch, in the order plain,
-    monitored, then monitored, plain: whatever else the machine runs slows
-    both alike, and neither is always the one that runs first. Each
-    ``next()`` is timed with this thread's CPU clock (``time.thread_time``):
-    a worker-less loader does all its work in this thread, and time the
+    The two loaders take turns batch by batch, in the order first, second,
+    then second, first: whatever else the machine runs slows both alike,
+    and neither is always the one that runs first. Each ``next()`` is
+    timed with this thread's CPU clock (``time.thread_time``): a
+    worker-less loader does all its work in this thread, and time the
     scheduler gives other jobs is not counted. The batch is released before
     the clock is read, so its clean-up is its own loader's.
     """
-    spent = {m: 0.0 for m in MODES}
-    taken = {m: 0 for m in MODES}
+    spent = {m: 0.0 for m in modes}
+    taken = {m: 0 for m in modes}
     for pair in range(pairs):
-        for mode in MODES if pair % 2 == 0 else MODES[::-1]:
+        for mode in modes if pair % 2 == 0 else modes[::-1]:
             start = time.thread_time()
             taken[mode] += samples(next(iterators[mode]))
             spent[mode] += time.thread_time() - start
-    return {m: spent[m] / taken[m] for m in MODES}
+    return {m: spent[m] / taken[m] for m in modes}
 
 
 def record_batches(monitor: DataLoaderMonitor, iterator: Iterator,
@@ -460,9 +470,9 @@ def per_batch_floor(batch_size: int, rounds: int) -> float:
     monitor = DataLoaderMonitor(loaders['monitored']).install()
     iterators = {m: iter(loader) for m, loader in loaders.items()}
     try:
-        paired_round(iterators, 500, len)  # warm-up
+        paired_round(iterators, MODES, 500, len)  # warm-up
         per_sample = [
-            paired_round(iterators, 500, len) for _ in range(rounds)
+            paired_round(iterators, MODES, 500, len) for _ in range(rounds)
         ]
     finally:
         monitor.uninstall()
@@ -556,7 +566,9 @@ def measure(name: str, build: Callable[[int], DataLoader], hook_args: dict,
         print(f'  monitor per sample, measured in one process, '
               f'{args.process_rounds} rounds of K={costs["every"]} batch '
               f"pairs: {1e6 * costs['cost']:+.2f} us of "
-              f"{1e6 * costs['plain']:.1f} us (IQR {costs['spread']} us)")
+              f"{1e6 * costs['plain']:.1f} us (IQR {costs['spread']} us); "
+              f"two plain loaders the same way: {1e6 * costs['noise']:+.2f} "
+              f"us (IQR {costs['noise_spread']} us)")
         row.update(
             every=costs['every'],
             accounted_us=1e6 * accounted,
@@ -564,6 +576,7 @@ def measure(name: str, build: Callable[[int], DataLoader], hook_args: dict,
             sample_us=1e6 * costs['plain'],
             cost_us=1e6 * costs['cost'],
             cost_spread=costs['spread'],
+            noise_us=1e6 * costs['noise'],
             step_us=1e6 * per_step(probe, costs['records'], hook_args))
         shown = ', '.join(f'{key}={value!r}'
                           for key, value in hook_args.items()
@@ -591,7 +604,8 @@ def main():
             line += (f"    {row['sample_us']:>9.1f} us        "
                      f"{row['accounted_us']:>5.2f} us (K={row['every']:<3})"
                      f"            {row['cost_us']:>+5.2f} us "
-                     f"({row['cost_spread']} us)   "
+                     f"({row['cost_spread']} us; plain/plain "
+                     f"{row['noise_us']:+.2f} us)   "
                      f"{row['floor_us']:>6.2f} us                  "
                      f"{row['step_us']:>6.1f} us CPU")
         print(line)
@@ -605,7 +619,9 @@ def main():
           'loaders taking turns batch by batch, rounds of K batch pairs (one '
           'timed batch each), median of the rounds\' differences: it '
           'includes what the accounting leaves out (CPU caches the monitor '
-          'cools), and the noise of the machine (its IQR).')
+          'cools), and the noise of the machine: its IQR, and the same '
+          'measured between two plain loaders (plain/plain), which differ '
+          'by nothing but that noise.')
 
 if __name__ == '__main__':
     main()

@@ -71,10 +71,11 @@ def test_overhead_benchmark_prints_the_median_ratio(demo_root, train_env):
     assert len(re.findall(
         r'^  monitor per sample, measured in one process, 2 rounds of K=\d+ '
         r'batch pairs: [-+\d.]+ us of [\d.]+ us \(IQR [-+\d.]+\.\.'
-        r'[-+\d.]+ us\)$', out, re.M)) == 2
+        r'[-+\d.]+ us\); two plain loaders the same way: [-+\d.]+ us '
+        r'\(IQR [-+\d.]+\.\.[-+\d.]+ us\)$', out, re.M)) == 2
     for case in ('cheap', 'demo'):
         assert re.search(
             rf'^{case} +\d+\.\d{{3}} \(\d+\.\d{{3}}\.\.\d+\.\d{{3}}\) '
             r'>=0\.99 +\d+\.\d{3} +[\d.]+ us +[-\d.]+ us \(K=\d+ *\) +'
-            r'[-+\d.]+ us \([-+\d.]+\.\.[-+\d.]+ us\) +[-\d.]+ us +'
-            r'[\d.]+ us CPU$', out, re.M), out
+            r'[-+\d.]+ us \([-+\d.]+\.\.[-+\d.]+ us; plain/plain '
+            r'[-+\d.]+ us\) +[-\d.]+ us +[\d.]+ us CPU$', out, re.M), out
