@@ -7,7 +7,7 @@ import os.path as osp
 import statistics
 import time
 from types import SimpleNamespace
-from typing import Callable, Dict, Iterator, List, Optional
+from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 import cv2
 import mmcv
@@ -24,8 +24,10 @@ from torch.utils.data import DataLoader
 import mmdata_plugin  # noqa: F401  (registers the demo components)
 from mmdata_plugin.data_monitor import DataLoaderMonitor
 from mmdata_plugin.data_monitor.instrument import LoaderInstrumentation
-from mmdata_plugin.data_monitor.worker_timing import ACCUMULATOR
+from mmdata_plugin.data_monitor.worker_timing import (ACCUMULATOR,
+                                                      FULL_BATCHES)
 from mmdata_plugin.engine import DataMonitorHook
+from mmdata_plugin.testing import count_calls
 from mmdata_plugin.transforms import PackImageLabelInputs
 from mmdata_plugin.utils import make_demo_dataset
 
@@ -35,6 +37,8 @@ MODES = ('plain', 'monitored')
 ROUND = ('plain', 'monitored', 'monitored', 'plain')
 FETCH_PATHS = ('plain', 'untimed', 'timed')
 CASES = ('cheap', 'demo')
+#: Where the monitor's code lives (what :func:`monitor_calls` counts).
+MONITOR_CODE = 'mmdata_plugin/data_monitor/'
 
 
 def parse_args():
@@ -45,10 +49,11 @@ def parse_args():
         'memory, flip, pack; batch 32) and on a config\'s train pipeline: '
         '(1) loader throughput: two loaders read in alternating chunks '
         '(plain, monitored, monitored, plain per round), median ratio; '
-        '(2) CPU per sample, in one process: alternating chunks of a '
-        'worker-less plain and monitored loader, median difference; (3) per '
-        'step in the training process: DataMonitorHook replaying recorded '
-        'batches.')
+        '(2) CPU per sample, in one process: a worker-less plain and '
+        'monitored loader taking turns batch by batch, rounds of K batch '
+        'pairs (K: the sampling interval, one timed batch per round), median '
+        'of the rounds\' differences in thread CPU time; (3) per step in the '
+        'training process: DataMonitorHook replaying recorded batches.')
     parser.add_argument(
         '--cases',
         nargs='+',
@@ -83,7 +88,7 @@ def parse_args():
         '--process-rounds',
         type=int,
         default=15,
-        help='rounds of the in-process per-sample measurement (0: skip)')
+        help='rounds of the in-process per-sample measurements (0: skip)')
     parser.add_argument(
         '--cfg-options',
         nargs='+',
@@ -137,7 +142,9 @@ def cheap_loader(num_workers: int) -> DataLoader:
         collate_fn=default_collate)
 
 
-def config_loader(args) -> Callable[[int], DataLoader]:
+def config_case(args) -> Tuple[Callable[[int], DataLoader], dict]:
+    """The config's DataLoader builder and its DataMonitorHook's arguments
+    (none when it has no such hook)."""
     if not osp.isfile(osp.join(args.data_root, 'train.txt')):
         print(f'Writing the demo data to {args.data_root} ...', flush=True)
         make_demo_dataset(args.data_root)
@@ -155,7 +162,13 @@ def config_loader(args) -> Callable[[int], DataLoader]:
             loader_cfg.pop('prefetch_factor', None)
         return Runner.build_dataloader(loader_cfg, seed=0)
 
-    return build
+    hooks = [
+        hook for hook in cfg.get('custom_hooks', [])
+        if hook.get('type') == 'DataMonitorHook'
+    ]
+    hook_args = {k: v for k, v in hooks[0].items() if k != 'type'} if (
+        hooks) else {}
+    return build, hook_args
 
 
 # ---------------------------------------------------------------- measures
@@ -194,10 +207,10 @@ def chunk_size(iterators: Dict[str, Iterator], args) -> int:
     return args.batches or max(1, round(args.chunk_seconds * rate))
 
 
-def quartiles(values: List[float]) -> str:
+def quartiles(values: List[float], form: str = '{:.3f}') -> str:
     low, _, high = statistics.quantiles(values, n=4) if len(values) > 1 else (
         values * 3)
-    return f'{low:.3f}-{high:.3f}'
+    return f'{form.format(low)}..{form.format(high)}'
 
 
 def interleaved(build: Callable[[int], DataLoader], args):
@@ -255,48 +268,85 @@ def interleaved(build: Callable[[int], DataLoader], args):
 
 def in_process(build: Callable[[int], DataLoader], args) -> dict:
     """CPU seconds per sample of a worker-less plain loader, what the
-    monitored one costs more (medians over rounds), and recorded batches.
+    monitored one costs more (median over rounds, with the rounds' IQR),
+    the same for a second plain loader (the method's own noise and bias),
+    its K, and recorded batches.
 
-    Each round reads chunks of a plain and a monitored loader without
-    workers (plain, monitored, monitored, plain): the whole cost in one
-    process (timed fetches and transforms, the untimed batches' counting,
-    records, the monitor's bookkeeping). CPU time, not wall time: other
-    jobs on the machine barely move it.
+    The whole cost in one process (timed fetches and transforms, the
+    untimed batches' counting, records, the monitor's bookkeeping),
+    measured after the sampling interval K has settled, in rounds of K
+    batch pairs (:func:`paired_round`): every round of the monitored
+    loader holds one timed batch, so a round's difference is the cost
+    amortised over a run. Each round is followed by one of the plain loader
+    against a second plain loader (``control``), which should differ by
+    nothing: what it shows is what the machine does to the method.
     """
-    loaders = {m: build(0) for m in MODES}
+    loaders = {m: build(0) for m in MODES + ('control', )}
     monitor = DataLoaderMonitor(loaders['monitored']).install()
     iterators = {m: iter(loader) for m, loader in loaders.items()}
+    costs, noise, plain = [], [], []
     try:
-        batches = chunk_size(iterators, args)
-        rounds = cpu_rounds(iterators, args.process_rounds,
-                            lambda iterator: take(iterator, batches))
-        plain = [per_sample['plain'] for per_sample in rounds]
-        costs = [per_sample['monitored'] - per_sample['plain']
-                 for per_sample in rounds]
-        recorded = record_batches(monitor, iterators['monitored'], batches)
-        every = ACCUMULATOR.every  # this process loads: its K
+        take(iterators['plain'], FULL_BATCHES)
+        take(iterators['control'], FULL_BATCHES)
+        every = settle_sampling(iterators['monitored'])
+        for _ in range(args.process_rounds):
+            measured = paired_round(iterators, MODES, every, sample_count)
+            control = paired_round(iterators, ('plain', 'control'), every,
+                                   sample_count)
+            costs.append(measured['monitored'] - measured['plain'])
+            noise.append(control['control'] - control['plain'])
+            plain.append(measured['plain'])
+        recorded = record_batches(monitor, iterators['monitored'], every)
     finally:
         monitor.uninstall()
     return dict(
         plain=statistics.median(plain),
         cost=statistics.median(costs),
+        spread=quartiles([1e6 * c for c in costs], '{:+.2f}'),
+        noise=statistics.median(noise),
+        noise_spread=quartiles([1e6 * n for n in noise], '{:+.2f}'),
         records=recorded,
         every=every)
 
 
-def cpu_rounds(iterators: Dict[str, Iterator], rounds: int,
-               read: Callable[[Iterator], int]) -> List[Dict[str, float]]:
-    """Per round of :data:`ROUND` chunks, CPU seconds per unit of each
-    mode in this process; ``read`` reads a chunk and returns its units."""
-    results = []
-    for _ in range(rounds):
-        per_unit = {m: 0.0 for m in MODES}
-        for mode in ROUND:
-            start = time.process_time()
-            units = read(iterators[mode])
-            per_unit[mode] += (time.process_time() - start) / units / 2
-        results.append(per_unit)
-    return results
+def settle_sampling(iterator: Iterator, limit: int = 4096) -> int:
+    """Read batches (at most ``limit``) until this process's sampling
+    interval K has stayed the same for two of its periods; K."""
+    every, steady = ACCUMULATOR.every, 0
+    for _ in range(limit):
+        next(iterator)
+        steady = steady + 1 if ACCUMULATOR.every == every else 0
+        every = ACCUMULATOR.every
+        if steady >= 2 * every and every > 1:
+            break
+    return every
+
+
+def sample_count(batch) -> int:
+    return len(batch['inputs'])
+
+
+def paired_round(iterators: Dict[str, Iterator], modes: Tuple[str, str],
+                 pairs: int, samples: Callable) -> Dict[str, float]:
+    """CPU seconds per sample of the two ``modes`` over ``pairs`` batch
+    pairs.
+
+    The two loaders take turns batch by batch, in the order first, second,
+    then second, first: whatever else the machine runs slows both alike,
+    and neither is always the one that runs first. Each ``next()`` is
+    timed with this thread's CPU clock (``time.thread_time``): a
+    worker-less loader does all its work in this thread, and time the
+    scheduler gives other jobs is not counted. The batch is released before
+    the clock is read, so its clean-up is its own loader's.
+    """
+    spent = {m: 0.0 for m in modes}
+    taken = {m: 0 for m in modes}
+    for pair in range(pairs):
+        for mode in modes if pair % 2 == 0 else modes[::-1]:
+            start = time.thread_time()
+            taken[mode] += samples(next(iterators[mode]))
+            spent[mode] += time.thread_time() - start
+    return {m: spent[m] / taken[m] for m in modes}
 
 
 def record_batches(monitor: DataLoaderMonitor, iterator: Iterator,
@@ -324,8 +374,13 @@ def fetch_paths(build: Callable[[int], DataLoader],
     for them) is fetched the three ways one after the other, in an order
     that rotates from batch to batch; the additions are the medians of the
     per-batch differences: a paired measurement, which other jobs on the
-    machine disturb far less than separate passes.
+    machine disturb far less than separate passes. The plain path reads a
+    second dataset built from the same config (switching one dataset's
+    class back and forth would cost the plain path the interpreter's
+    attribute caches), and every fetch is timed with this thread's CPU
+    clock.
     """
+    plain_dataset = build(0).dataset
     loader = build(0)
     dataset = loader.dataset
     size, batch_size = len(dataset), loader.batch_size
@@ -333,25 +388,19 @@ def fetch_paths(build: Callable[[int], DataLoader],
     instrumentation = LoaderInstrumentation(loader)
     instrumentation.install()
     plan = instrumentation.plan
-    timed_class = type(dataset)
-    base = timed_class._dm_base
 
     def fetch(path: str, indices: List[int]) -> float:
         ACCUMULATOR.timing = path == 'timed'
         plan.apply(ACCUMULATOR.timing)
-        began = time.process_time()
-        if path == 'plain':
-            object.__setattr__(dataset, '__class__', base)
-            try:  # what torch's fetcher does
-                getitems = getattr(dataset, '__getitems__', None)
-                getitems(indices) if getitems else [
-                    dataset[i] for i in indices
-                ]
-            finally:
-                object.__setattr__(dataset, '__class__', timed_class)
+        began = time.thread_time()
+        if path == 'plain':  # what torch's fetcher does
+            getitems = getattr(plain_dataset, '__getitems__', None)
+            getitems(indices) if getitems else [
+                plain_dataset[i] for i in indices
+            ]
         else:
             dataset.__getitems__(indices)
-        spent = time.process_time() - began
+        spent = time.thread_time() - began
         ACCUMULATOR.reset()  # what the collate wrapper does
         return spent / len(indices)
 
@@ -379,6 +428,25 @@ def fetch_paths(build: Callable[[int], DataLoader],
         })
 
 
+def monitor_calls(build: Callable[[int], DataLoader]) -> Dict[str, int]:
+    """Calls into the monitor's code (its Python functions and the builtins
+    they call) while a worker-less monitored loader yields a timed batch
+    and the untimed one after it: a count, which no other job on the
+    machine changes. (The untimed batch before a timed one also puts the
+    timed transform lists and the probes in.)"""
+    loader = build(0)
+    calls = {}
+    with DataLoaderMonitor(loader, warmup_iters=0, sample_every=4):
+        batches = iter(loader)
+        take(batches, 3)  # past the start-up batch
+        while not ACCUMULATOR.timing:
+            next(batches)
+        for kind in ('timed', 'untimed'):
+            _, counter = count_calls(lambda: next(batches), MONITOR_CODE)
+            calls[kind] = sum(counter.values())
+    return calls
+
+
 class Indices:
     """A dataset whose samples cost nothing: its index."""
 
@@ -391,36 +459,34 @@ class Indices:
 
 def per_batch_floor(batch_size: int, rounds: int) -> float:
     """CPU seconds the monitor adds per batch when samples cost nothing
-    (median of the rounds' (plain, monitored, monitored, plain)
-    differences, in one process): its own code, with the CPU caches as
-    warm as they get. A real pipeline's work between batches cools them,
-    which the in-process figure of that pipeline includes."""
+    (median over rounds of 500 batch pairs, :func:`paired_round`): its own
+    code, with the CPU caches as warm as they get. A real pipeline's work
+    between batches cools them, which the in-process figure of that
+    pipeline includes."""
     loaders = {
         m: DataLoader(Indices(), batch_size=batch_size, collate_fn=list)
         for m in MODES
     }
     monitor = DataLoaderMonitor(loaders['monitored']).install()
     iterators = {m: iter(loader) for m, loader in loaders.items()}
-    batches = 500
-
-    def read(iterator: Iterator) -> int:
-        for _ in range(batches):
-            next(iterator)
-        return batches
-
     try:
-        for iterator in iterators.values():
-            read(iterator)  # warm-up
-        rounds = cpu_rounds(iterators, rounds, read)
+        paired_round(iterators, MODES, 500, len)  # warm-up
+        per_sample = [
+            paired_round(iterators, MODES, 500, len) for _ in range(rounds)
+        ]
     finally:
         monitor.uninstall()
-    return statistics.median(per_batch['monitored'] - per_batch['plain']
-                             for per_batch in rounds)
+    return batch_size * statistics.median(r['monitored'] - r['plain']
+                                          for r in per_sample)
 
 
-def per_step(loader: DataLoader, recorded: list, repeat: int = 5) -> float:
-    """CPU seconds per training step of DataMonitorHook (median of
-    ``repeat`` replays of the recorded batches, 20 times each).
+def per_step(loader: DataLoader,
+             recorded: list,
+             hook_args: dict,
+             repeat: int = 5) -> float:
+    """CPU seconds per training step of DataMonitorHook with ``hook_args``
+    (the config's; no table: ``table_interval=0``), the median of
+    ``repeat`` replays of the recorded batches, 20 times each.
 
     The hook runs on a stand-in runner with mmengine's MessageHub and a
     LoggerHook of interval 10 (the hook publishes at its log lines); its
@@ -431,8 +497,8 @@ def per_step(loader: DataLoader, recorded: list, repeat: int = 5) -> float:
     steps = recorded * 20
     runs = []
     for _ in range(repeat):
-        hook = DataMonitorHook(warmup_iters=0, settle_iters=0,
-                               table_interval=0)
+        hook = DataMonitorHook(**dict(
+            hook_args, warmup_iters=0, settle_iters=0, table_interval=0))
         hook.monitor = DataLoaderMonitor(loader, **hook.monitor_args)
         hook._logger = LoggerHook(interval=10)
         runner = SimpleNamespace(
@@ -455,7 +521,8 @@ def per_step(loader: DataLoader, recorded: list, repeat: int = 5) -> float:
     return statistics.median(runs)
 
 
-def measure(name: str, build: Callable[[int], DataLoader], args) -> dict:
+def measure(name: str, build: Callable[[int], DataLoader], hook_args: dict,
+            args) -> dict:
     probe = build(0)
     chunk = (f'{args.batches} batches' if args.batches else
              f'{args.chunk_seconds:g} s')
@@ -471,65 +538,90 @@ def measure(name: str, build: Callable[[int], DataLoader], args) -> dict:
         spread=quartiles(ratios),
         cpu=cpu_ratio)
     if args.process_rounds:
+        calls = monitor_calls(build)
+        print("  the monitor's calls (its functions and the builtins they "
+              f"call) per batch: untimed {calls['untimed']}, timed "
+              f"{calls['timed']}")
         paths = fetch_paths(build, args.process_rounds)
         print('  batch fetch per sample, CPU: plain '
               f"{1e6 * paths['plain']:.1f} us; in an untimed batch "
               f"{1e6 * (paths['untimed'] - paths['plain']):+.2f} us, in a "
               f"timed batch {1e6 * (paths['timed'] - paths['plain']):+.2f}"
               ' us')
-        costs = in_process(build, args)
-        # What the per-sample instrumentation costs over a run: one batch
-        # in K is timed.
-        amortised = paths['untimed'] + (paths['timed'] -
-                                        paths['untimed']) / costs['every']
-        print(f"  instrumentation per sample, amortised (K={costs['every']}"
-              f'): {1e6 * (amortised - paths["plain"]):+.2f} us')
         floor = per_batch_floor(probe.batch_size, args.process_rounds)
         print(f'  monitor per batch of zero-cost samples: {1e6 * floor:.2f} '
               f'us CPU ({1e6 * floor / probe.batch_size:.2f} us per sample '
               f'at batch {probe.batch_size})')
+        costs = in_process(build, args)
+        # Accounted: an untimed batch runs the monitor once per batch (the
+        # call count above does not grow with the batch; a test checks it),
+        # which the zero-cost floor measures; one batch in K adds the timed
+        # fetch's cost.
+        timed = (paths['timed'] - paths['untimed']) / costs['every']
+        accounted = floor / probe.batch_size + timed
+        print(f"  monitor per sample, accounted (K={costs['every']}): "
+              f'{1e6 * accounted:.2f} us = per batch '
+              f'{1e6 * floor / probe.batch_size:.2f} + timed batch '
+              f'{1e6 * timed:.2f}')
+        print(f'  monitor per sample, measured in one process, '
+              f'{args.process_rounds} rounds of K={costs["every"]} batch '
+              f"pairs: {1e6 * costs['cost']:+.2f} us of "
+              f"{1e6 * costs['plain']:.1f} us (IQR {costs['spread']} us); "
+              f"two plain loaders the same way: {1e6 * costs['noise']:+.2f} "
+              f"us (IQR {costs['noise_spread']} us)")
         row.update(
             every=costs['every'],
-            amortised_us=1e6 * (amortised - paths['plain']),
-            floor_us=1e6 * floor / probe.batch_size,
+            accounted_us=1e6 * accounted,
+            floor_us=1e6 * floor,
             sample_us=1e6 * costs['plain'],
             cost_us=1e6 * costs['cost'],
-            cost_share=costs['cost'] / costs['plain'],
-            step_us=1e6 * per_step(probe, costs['records']))
+            cost_spread=costs['spread'],
+            noise_us=1e6 * costs['noise'],
+            step_us=1e6 * per_step(probe, costs['records'], hook_args))
+        shown = ', '.join(f'{key}={value!r}'
+                          for key, value in hook_args.items()
+                          if key != 'table_interval')
+        print(f'  per step in the training process, DataMonitorHook({shown})'
+              f" without its tables: {row['step_us']:.1f} us CPU")
     return row
 
 
 def main():
     args = parse_args()
-    builders = dict(cheap=cheap_loader)
+    cases = dict(cheap=(cheap_loader, {}))
     if 'demo' in args.cases:
-        builders['demo'] = config_loader(args)
-    rows = [measure(case, builders[case], args) for case in args.cases]
+        cases['demo'] = config_case(args)
+    rows = [measure(case, *cases[case], args) for case in args.cases]
     print('\ncase   throughput ratio (IQR)       CPU ratio  '
-          'sample (one process)  monitor per sample    '
-          'instrumentation, amortised (K)  '
-          'zero-cost samples  per step (training process)')
+          'sample (one process)  monitor per sample: accounted (K)  '
+          'measured (IQR)             per batch, zero-cost samples  '
+          'per step (training process)')
     for row in rows:
         cpu = f"{row['cpu']:.3f}" if row['cpu'] is not None else '-'
         line = (f"{row['case']:<6} {row['ratio']:.3f} ({row['spread']}) "
                 f">=0.99  {cpu:>7}")
         if 'sample_us' in row:
             line += (f"    {row['sample_us']:>9.1f} us        "
-                     f"{row['cost_us']:>5.2f} us = "
-                     f"{100 * row['cost_share']:5.2f}%   "
-                     f"{row['amortised_us']:>+6.2f} us (K={row['every']:<3}) "
-                     f"              {row['floor_us']:>6.2f} us        "
+                     f"{row['accounted_us']:>5.2f} us (K={row['every']:<3})"
+                     f"            {row['cost_us']:>+5.2f} us "
+                     f"({row['cost_spread']} us; plain/plain "
+                     f"{row['noise_us']:+.2f} us)   "
+                     f"{row['floor_us']:>6.2f} us                  "
                      f"{row['step_us']:>6.1f} us CPU")
         print(line)
-    print('Medians over interleaved rounds: other jobs on the machine hit '
-          'plain and monitored alike. Throughput: samples/s per round, IQR '
-          'of the rounds; monitor per sample: CPU time in one process, '
-          'median of the rounds\' differences; instrumentation, amortised: '
-          'the batch fetch\'s untimed cost plus its timed one over K; '
-          'zero-cost samples: the same '
-          'on a dataset whose samples are their index (the monitor\'s own '
-          'code with warm CPU caches).')
-
+    print('Throughput: samples/s per round of interleaved chunks, median and '
+          'IQR of the rounds. Monitor per sample, accounted: what the '
+          'monitor runs per batch (a count that does not grow with the batch '
+          'for untimed ones), timed on zero-cost samples, over the batch '
+          'size, plus a timed batch\'s extra fetch cost (paired per batch) '
+          'over K: the figure to read on a busy machine. Measured: this '
+          'thread\'s CPU time of the whole path in one process, worker-less '
+          'loaders taking turns batch by batch, rounds of K batch pairs (one '
+          'timed batch each), median of the rounds\' differences: it '
+          'includes what the accounting leaves out (CPU caches the monitor '
+          'cools), and the noise of the machine: its IQR, and the same '
+          'measured between two plain loaders (plain/plain), which differ '
+          'by nothing but that noise.')
 
 if __name__ == '__main__':
     main()

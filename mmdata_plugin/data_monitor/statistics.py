@@ -12,7 +12,8 @@ was timed, reported with their standard error (``stderr``).
 """
 import math
 from collections import defaultdict
-from typing import Dict, List, Optional
+from operator import itemgetter, mul, sub
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -90,7 +91,7 @@ class SampleBuffer:
         while first < count:
             # Appending `room` values overflows the capacity: thin there.
             room = self.capacity + 1 - len(kept)
-            taken = values[first:first + room * stride:stride].tolist()
+            taken = values[first:first + room * stride:stride]
             kept += taken
             first += len(taken) * stride
             if len(kept) > self.capacity:
@@ -122,24 +123,29 @@ class Series:
     """One figure over a run of steps, with the sums a :class:`SampleBuffer`
     keeps: reduced once for all the books the run goes to.
 
+    Plain Python floats, not numpy: a run holds at most a few dozen steps
+    (a booking every 64 steps or timeline point), where each numpy call's
+    fixed cost outweighs its loop.
+
     Args:
-        values (np.ndarray): The figure per step, in step order.
+        values (list | tuple): The figure per step, in step order.
     """
 
     __slots__ = ('values', 'total', 'squares', 'peak')
 
-    def __init__(self, values: np.ndarray) -> None:
+    def __init__(self, values: Sequence[float]) -> None:
         self.values = values
-        self.total = float(values.sum())
-        self.squares = float(values @ values)
-        self.peak = float(values.max()) if len(values) else 0.0
+        self.total = sum(values)
+        self.squares = sum(map(mul, values, values))
+        self.peak = max(values) if values else 0.0
 
 
 class WorkerRun:
     """The batches of one worker process within a run of steps.
 
     Args:
-        records (list[dict]): Their worker records.
+        pids (set): Their processes' ids.
+        timed (list[dict]): Their records of timed batches.
         time (Series): Their worker times.
         transfer (float): Their transfer times' sum.
         slack (float): Their slacks' sum.
@@ -148,10 +154,10 @@ class WorkerRun:
 
     __slots__ = ('pids', 'timed', 'time', 'transfer', 'slack', 'cpu')
 
-    def __init__(self, records: List[dict], time: Series, transfer: float,
-                 slack: float, cpu: float) -> None:
-        self.pids = {record['pid'] for record in records}
-        self.timed = [record for record in records if _is_timed(record)]
+    def __init__(self, pids: set, timed: List[dict], time: Series,
+                 transfer: float, slack: float, cpu: float) -> None:
+        self.pids = pids
+        self.timed = timed
         self.time = time
         self.transfer = transfer
         self.slack = slack
@@ -163,15 +169,20 @@ def _is_timed(record: dict) -> bool:
     return record.get('timed', True)
 
 
-def _column(values: list) -> np.ndarray:
-    return np.fromiter(values, float, len(values))
+#: The record fields that every batch has, in the order StepColumns reads
+#: them (one C-level pass over the records instead of one per field).
+_RECORD_TOTALS = itemgetter('start', 'end', 'cpu', 'samples', 'worker', 'pid')
 
 
 class StepColumns:
     """A run of counted steps as columns, to add them to books in bulk.
 
     Adding steps one at a time costs a dozen method calls each; a run of
-    them costs a few numpy reductions per figure, shared by every book.
+    them costs a few reductions per figure, shared by every book. The
+    steps and their records are transposed with ``zip`` and ``itemgetter``
+    and the columns computed with ``map`` (C loops over Python floats): a
+    run is booked between two batches of the training loop, so its cost is
+    the monitor's.
 
     Args:
         steps (list[tuple]): Per step ``(wait, compute, record, t_request,
@@ -179,47 +190,53 @@ class StepColumns:
     """
 
     def __init__(self, steps: List[tuple]) -> None:
-        self.wait = Series(_column([step[0] for step in steps]))
-        self.compute = Series(
-            _column([step[1] for step in steps if step[1] is not None]))
-        self.trainer = [step[5] for step in steps if step[5]]
-        recorded = [step for step in steps if step[2] is not None]
-        records = [step[2] for step in recorded]
-        requested = _column([step[3] for step in recorded])
-        received = _column([step[4] for step in recorded])
-        end = _column([record['end'] for record in records])
-        worker_time = end - _column([record['start'] for record in records])
-        transfer = received - np.maximum(requested, end)
-        slack = requested - end
-        cpu = _column([record['cpu'] for record in records])
+        waits, computes, records, requested, received, trainers = zip(*steps)
+        self.wait = Series(waits)
+        self.compute = Series([c for c in computes if c is not None])
+        self.trainer = [stages for stages in trainers if stages]
+        if None in records:  # steps without a worker record
+            kept = [i for i, rec in enumerate(records) if rec is not None]
+            records = [records[i] for i in kept]
+            requested = [requested[i] for i in kept]
+            received = [received[i] for i in kept]
+        start, end, cpu, samples, ids, pids = zip(
+            *map(_RECORD_TOTALS, records)) if records else ((), ) * 6
+        worker_time = list(map(sub, end, start))
+        # The batch was ready at max(requested, end), and arrived then.
+        transfer = list(map(sub, received, map(max, requested, end)))
+        slack = list(map(sub, requested, end))
         self.worker = Series(worker_time)
         self.transfer = Series(transfer)
         self.slack = Series(slack)
-        self.samples = sum([record['samples'] for record in records])
-        self.cpu = float(cpu.sum())
+        self.samples = sum(samples)
+        self.cpu = sum(cpu)
         self.timed = [record for record in records if _is_timed(record)]
-        self.workers = self._by_worker(records, worker_time, transfer, slack,
-                                       cpu)
+        self.workers = self._by_worker(records, ids, pids, worker_time,
+                                       transfer, slack, cpu)
 
-    def _by_worker(self, records: List[dict], worker_time: np.ndarray,
-                   transfer: np.ndarray, slack: np.ndarray,
-                   cpu: np.ndarray) -> Dict[int, WorkerRun]:
-        ids = [record['worker'] for record in records]
-        if len(set(ids)) == 1:  # one worker, or none: no need to split
+    def _by_worker(self, records: List[dict], ids: tuple, pids: tuple,
+                   worker_time: list, transfer: list, slack: list,
+                   cpu: tuple) -> Dict[int, WorkerRun]:
+        if not ids:
+            return {}
+        if ids.count(ids[0]) == len(ids):  # one worker, or none: no split
             return {
                 ids[0]:
-                WorkerRun(records, self.worker, self.transfer.total,
-                          self.slack.total, self.cpu)
+                WorkerRun(set(pids), self.timed, self.worker,
+                          self.transfer.total, self.slack.total, self.cpu)
             }
-        ids_array = np.array(ids)
+        positions: Dict[int, List[int]] = {}
+        for position, worker in enumerate(ids):
+            positions.setdefault(worker, []).append(position)
         runs = {}
-        for worker in dict.fromkeys(ids):
-            mine = np.flatnonzero(ids_array == worker)
-            runs[worker] = WorkerRun([records[i] for i in mine],
-                                     Series(worker_time[mine]),
-                                     float(transfer[mine].sum()),
-                                     float(slack[mine].sum()),
-                                     float(cpu[mine].sum()))
+        for worker, mine in positions.items():
+            timed = [records[i] for i in mine if _is_timed(records[i])]
+            runs[worker] = WorkerRun({pids[i]
+                                      for i in mine}, timed,
+                                     Series([worker_time[i] for i in mine]),
+                                     sum(transfer[i] for i in mine),
+                                     sum(slack[i] for i in mine),
+                                     sum(cpu[i] for i in mine))
         return runs
 
 

@@ -1,5 +1,6 @@
-from .distributed import (ProcessFailed, cpu_env, find_free_port,
-                          python_path, run_command, run_torchrun, spawn_gloo,
+from .call_count import count_calls
+from .distributed import (ProcessFailed, cpu_env, find_free_port, python_path,
+                          run_command, run_torchrun, spawn_gloo,
                           torchrun_command)
 from .interrupt import last_checkpoint, run_until_checkpoint_then_kill
 from .loopback_http import FaultPlan, LoopbackHTTPServer, ServerStats
@@ -7,9 +8,9 @@ from .memory import descendants, process_memory, total_memory
 from .moto_s3 import MotoS3Server
 
 __all__ = [
-    'ProcessFailed', 'cpu_env', 'find_free_port', 'python_path', 'run_command',
-    'run_torchrun', 'spawn_gloo', 'torchrun_command', 'last_checkpoint',
-    'run_until_checkpoint_then_kill', 'descendants', 'process_memory',
-    'total_memory', 'FaultPlan', 'LoopbackHTTPServer', 'ServerStats',
-    'MotoS3Server'
+    'count_calls', 'ProcessFailed', 'cpu_env', 'find_free_port', 'python_path',
+    'run_command', 'run_torchrun', 'spawn_gloo', 'torchrun_command',
+    'last_checkpoint', 'run_until_checkpoint_then_kill', 'descendants',
+    'process_memory', 'total_memory', 'FaultPlan', 'LoopbackHTTPServer',
+    'ServerStats', 'MotoS3Server'
 ]

@@ -24,6 +24,7 @@ from mmdata_plugin.data_monitor.worker_timing import (ACCUMULATOR,
                                                       timed_call)
 from mmdata_plugin.datasets import SampleSeededDataset
 from mmdata_plugin.engine import DataMonitorHook
+from mmdata_plugin.testing import count_calls
 
 
 def _loader(dataset, **kwargs):
@@ -117,13 +118,13 @@ def test_measure_dataloader_reports_and_restores_the_loader():
     assert not hasattr(mmengine.fileio.get, '_data_monitor_original')
 
 
-def _nested():
+def _nested(num=6, ms=(2, 0, 1)):
     return SleepyDataset(
-        num=6,
+        num=num,
         pipeline=[
             dict(type='LoadImageFromFile'),
-            RandomApply([Sleep(2), Sleep(0)], prob=1.0),
-            RandomChoice([[Sleep(1)], [Sleep(1)]], prob=[1.0, 0.0]),
+            RandomApply([Sleep(ms[0]), Sleep(ms[1])], prob=1.0),
+            RandomChoice([[Sleep(ms[2])], [Sleep(ms[2])]], prob=[1.0, 0.0]),
             dict(type='PackImageLabelInputs'),
         ])
 
@@ -279,6 +280,40 @@ def test_sampled_batches_estimate_stages_and_keep_totals_exact():
     assert not any(
         isinstance(t, TimedTransform) for t in dataset.pipeline.transforms)
     assert not hasattr(mmcv.imfrombytes, '_data_monitor_original')
+
+
+def _monitor_calls_per_batch(batch_size: int, timed: bool):
+    """The calls into the monitor's code while the loader yields one
+    (timed or untimed) batch of nested wrappers and probed loading."""
+    loader = _loader(_nested(num=64, ms=(0, 0, 0)), batch_size=batch_size)
+    with DataLoaderMonitor(loader, warmup_iters=0, sample_every=3):
+        batches = iter(loader)
+        next(batches)
+        while ACCUMULATOR.timing != timed:
+            next(batches)
+        _, calls = count_calls(lambda: next(batches),
+                               'mmdata_plugin/data_monitor/')
+    return calls
+
+
+def test_an_untimed_batch_runs_the_monitor_once_per_batch_not_per_sample():
+    # Untimed batches run the plain transform lists (nested ones included)
+    # without the IO/decode probes: what the monitor does for them does not
+    # grow with the batch, not even by a wrapper call or a clock read.
+    untimed = _monitor_calls_per_batch(2, timed=False)
+    assert untimed == _monitor_calls_per_batch(8, timed=False)
+    assert untimed['_fetch'] == untimed['TimedCollate.__call__'] == 1
+    assert 'TimedTransform.__call__' not in untimed
+    assert sum(n for name, n in untimed.items()
+               if name.endswith('>thread_time')) == 2
+    # A timed batch times every transform, read and decode of each sample:
+    # 7 timed transforms run per sample (the two wrappers, their 3 children
+    # that run, load and pack), the file read and the decode go through the
+    # probes.
+    per_sample = (_monitor_calls_per_batch(8, timed=True) -
+                  _monitor_calls_per_batch(2, timed=True))
+    assert per_sample['TimedTransform.__call__'] == 7 * 6
+    assert per_sample['_make_probe.<locals>.probe'] == 2 * 6
 
 
 def test_records_keep_their_figures_and_untimed_ones_only_totals():

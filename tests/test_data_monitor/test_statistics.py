@@ -18,7 +18,7 @@ def test_a_series_is_thinned_as_its_values_one_by_one(seen, run):
     for value in values[seen:]:
         single.add(float(value))
     for first in range(seen, len(values), run):
-        bulk.extend(Series(values[first:first + run]))
+        bulk.extend(Series(values[first:first + run].tolist()))
     assert bulk.values == single.values
     assert (bulk.stride, bulk.seen) == (single.stride, single.seen)
     assert bulk.peak == single.peak
