@@ -1,7 +1,7 @@
 """http(s):// objects over lean keep-alive connections pooled per host."""
 import re
 import ssl
-from typing import Dict, Iterator, Optional, Tuple
+from typing import Callable, Dict, Iterator, Optional, Tuple
 from urllib.parse import quote, urljoin, urlsplit
 
 from .errors import (RemoteIOError, RemoteUnavailableError, RetryableError,
@@ -81,11 +81,15 @@ class HTTPRemoteBackend(RemoteBackend):
         return HostConnections(self.connect_timeout, self.timeout,
                                self.pool_maxsize, self.verify, self.ca_certs)
 
-    def _request(self, method: str, url: str,
-                 headers: Dict[str, str]) -> '_Answer':
-        """The first answer that is no redirect."""
+    def _request(self,
+                 method: str,
+                 url: str,
+                 headers: Dict[str, str],
+                 target: Optional[str] = None) -> '_Answer':
+        """The first answer to ``target`` (default ``url``) that is no
+        redirect; errors name ``url``."""
         headers = {**self._headers, **headers}
-        target = url
+        target = target or url
         for _ in range(MAX_REDIRECTS + 1):
             answer = self._send(method, url, target, headers)
             status = answer.response.status
@@ -149,15 +153,28 @@ class HTTPRemoteBackend(RemoteBackend):
         return RemoteStat(int(size), etag)
 
     def _open(self, url: str, span: Optional[Tuple[int, int]]) -> RemoteBody:
-        headers = {}
-        if span is not None:
-            headers['Range'] = f'bytes={span[0]}-{span[0] + span[1] - 1}'
-        answer = self._request('GET', url, headers)
+        return self.open_body(url, url, range_headers(span))
+
+    def open_body(self,
+                  url: str,
+                  target: str,
+                  headers: Dict[str, str],
+                  failed: Callable[[str, int, str, bytes],
+                                   Exception] = None) -> RemoteBody:
+        """One GET of ``target`` (``url`` itself, or where an S3 object is
+        read from) with ``headers``, as a body of ``url``.
+
+        ``failed(url, status, reason, start of the error page)`` is the
+        error a status other than 200/206 raises (default: by the status,
+        :func:`~.errors.error_for_status`).
+        """
+        answer = self._request('GET', url, headers, target)
         response = answer.response
         if response.status not in (200, 206):
-            answer.drain()
-            raise error_for_status(url, response.status,
-                                   response.reason or '')
+            page = answer.error_page()
+            if failed is None:
+                raise error_for_status(url, response.status, response.reason)
+            raise failed(url, response.status, response.reason, page)
         length_header = response.getheader('Content-Length')
         length = int(length_header) if length_header is not None else None
         start, size = 0, length
@@ -174,6 +191,13 @@ class HTTPRemoteBackend(RemoteBackend):
             size = -1  # chunked answer: a cut one still raises
         return RemoteBody(size, response.getheader('ETag'), start, length,
                           answer.chunks(), answer.release)
+
+
+def range_headers(span: Optional[Tuple[int, int]]) -> Dict[str, str]:
+    """The ``Range`` header of ``span=(start, length)`` (none for None)."""
+    if span is None:
+        return {}
+    return {'Range': f'bytes={span[0]}-{span[0] + span[1] - 1}'}
 
 
 def _request_head(url: str, method: str, target: str,
@@ -241,6 +265,18 @@ class _Answer:
             self.pool.give_back(self.connection)
         else:
             self.connection.close()
+
+    def error_page(self) -> bytes:
+        """The start of an error answer's body (at most 64 KB, enough for
+        an S3 error document); the rest is drained."""
+        page = memoryview(bytearray(1 << 16))
+        try:
+            received = self.response.readinto(page)
+        except OSError:
+            self.release(False)
+            return b''
+        self.drain()
+        return bytes(page[:received])
 
     def drain(self) -> None:
         """Read out a body nobody wants (a redirect's, an error page), so
