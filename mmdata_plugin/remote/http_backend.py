@@ -117,7 +117,7 @@ class HTTPRemoteBackend(RemoteBackend):
               headers: Dict[str, str]) -> '_Answer':
         """One request to ``target`` (``url`` or where it redirected);
         errors name ``url``."""
-        scheme, host, port, head = _request_head(url, method, target, headers)
+        scheme, host, port, head = request_head(url, method, target, headers)
         connection = self.client.take(scheme, host, port)
         try:
             try:
@@ -200,7 +200,7 @@ def range_headers(span: Optional[Tuple[int, int]]) -> Dict[str, str]:
     return {'Range': f'bytes={span[0]}-{span[0] + span[1] - 1}'}
 
 
-def _request_head(url: str, method: str, target: str,
+def request_head(url: str, method: str, target: str,
                   headers: Dict[str, str]) -> Tuple[str, str, int, bytes]:
     """Scheme, host, port and the request's bytes (request line and
     headers) for ``target``; a URL that cannot be sent names ``url``."""
