@@ -308,3 +308,74 @@ def test_redirects_to_another_host_drop_credentials_and_bad_answers_retry():
     finally:
         server.shutdown()
         server.server_close()
+
+
+def _self_signed_certificate(folder):
+    """A certificate and key for 127.0.0.1, as PEM files in ``folder``."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, '127.0.0.1')])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    certificate = x509.CertificateBuilder().subject_name(name).issuer_name(
+        name).public_key(key.public_key()).serial_number(1).not_valid_before(
+            now - datetime.timedelta(hours=1)).not_valid_after(
+                now + datetime.timedelta(hours=1)).add_extension(
+                    x509.SubjectAlternativeName(
+                        [x509.IPAddress(ipaddress.ip_address('127.0.0.1'))]),
+                    critical=False).sign(key, hashes.SHA256())
+    cert_file, key_file = folder / 'cert.pem', folder / 'key.pem'
+    cert_file.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM,
+                          serialization.PrivateFormat.PKCS8,
+                          serialization.NoEncryption()))
+    return str(cert_file), str(key_file)
+
+
+class _Files(http.server.SimpleHTTPRequestHandler):
+    """Files of the current folder over keep-alive, counting connections."""
+    protocol_version = 'HTTP/1.1'
+    connections = 0
+
+    def setup(self):
+        type(self).connections += 1
+        super().setup()
+
+    def log_message(self, *args):
+        pass
+
+
+def test_https_checks_the_certificate_and_keeps_the_connection(tmp_path):
+    import functools
+    import ssl
+    pytest.importorskip('cryptography')
+    cert_file, key_file = _self_signed_certificate(tmp_path)
+    (tmp_path / 'a.bin').write_bytes(blob(3, 100_000))
+    server = http.server.ThreadingHTTPServer(
+        ('127.0.0.1', 0), functools.partial(_Files, directory=str(tmp_path)))
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert_file, key_file)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f'https://127.0.0.1:{server.server_address[1]}/a.bin'
+    try:
+        trusted = HTTPRemoteBackend(ca_certs=cert_file)
+        data = blob(3, 100_000)
+        assert trusted.get(url) == trusted.get(url) == data
+        assert HTTPRemoteBackend(verify=False).stat(url).size == len(data)
+        assert _Files.connections == 2
+        untrusted = HTTPRemoteBackend(backoff=0.01)
+        with pytest.raises(RemoteUnavailableError,
+                           match=f'TLS error.*CERTIFICATE_VERIFY_FAILED.*'
+                           f'{url}'):
+            untrusted.get(url)
+        assert untrusted.retry.retried == 0
+    finally:
+        server.shutdown()
+        server.server_close()
