@@ -882,12 +882,26 @@ def report_planner_scale(args) -> None:
 # ------------------------------------------------- CPU per download
 
 
+def _serve_objects(objects: dict, corrupt_rate: float, pipe) -> None:
+    """A loopback server of ``objects`` in this (child) process: sends its
+    URL, and its GET count when told to stop."""
+    from mmdata_plugin.testing import LoopbackHTTPServer
+    with LoopbackHTTPServer(objects, fault_rate=corrupt_rate,
+                            fault_kinds=('corrupt', )) as server:
+        pipe.send(server.base_url)
+        pipe.recv()
+        pipe.send(server.stats().get_requests)
+
+
 def download_cpu(files: int, sample_bytes: int, corrupt_rate: float,
                  work_dir: str, threads: int = 8) -> dict:
     """Downloads through ``RemoteReader.fetch`` (what the prefetcher and
-    the readers run per file) on ``threads`` threads: the thread CPU time
-    of each (HTTP client, checks, store ledger and files), and whether the
-    stored bytes are the served ones (read back outside the timed part)."""
+    the readers run per file) on ``threads`` threads from a loopback
+    server in another process: the thread CPU time of each (HTTP client,
+    checks, store ledger and files), the whole process's CPU time over the
+    downloads (every thread, timers included), and whether the stored
+    bytes are the served ones (read back once all are in)."""
+    import multiprocessing
     from concurrent.futures import ThreadPoolExecutor
 
     import mmdata_plugin  # noqa: F401  (registers the remote backends)
@@ -895,36 +909,49 @@ def download_cpu(files: int, sample_bytes: int, corrupt_rate: float,
     from mmdata_plugin.remote import RemoteCorruptError
     from mmdata_plugin.remote_cache.node_cache_backend import (NAMESPACE,
                                                                RemoteReader)
-    from mmdata_plugin.testing import LoopbackHTTPServer
     rng = np.random.default_rng(0)
     objects = {f'{i}.bin': rng.bytes(sample_bytes) for i in range(files)}
     cache_dir = osp.join(work_dir, f'cpu_cache_{corrupt_rate:g}')
     shutil.rmtree(cache_dir, ignore_errors=True)
     store = NodeStore(cache_dir, 2 * files * sample_bytes)
-    with LoopbackHTTPServer(objects, fault_rate=corrupt_rate,
-                            fault_kinds=('corrupt', )) as server:
+    pipe, child_pipe = multiprocessing.Pipe()
+    server = multiprocessing.get_context('fork').Process(
+        target=_serve_objects, args=(objects, corrupt_rate, child_pipe),
+        daemon=True)
+    server.start()
+    try:
+        base_url = pipe.recv()
         reader = RemoteReader(store, dict(backend='remote_http'),
                               sample_bytes)
 
         def fetch(name):
             start = time.thread_time()
             try:
-                entry = reader.fetch(server.url(name))
+                path = reader.fetch(base_url + name).path
             except RemoteCorruptError:
-                # damaged on every one of its downloads
-                return time.thread_time() - start, None
-            spent = time.thread_time() - start
-            with entry, open(entry.path, 'rb') as file:
-                return spent, file.read() == objects[name]
+                path = None  # damaged on every one of its downloads
+            return time.thread_time() - start, path
 
+        process_start = time.process_time()
         with ThreadPoolExecutor(threads) as pool:
             runs = list(pool.map(fetch, objects))
-        requests = server.stats().get_requests
+        process_ms = (time.process_time() - process_start) * 1e3 / files
+        pipe.send('stop')
+        requests = pipe.recv()
+    finally:
+        server.join(timeout=30)
+        if server.is_alive():
+            server.kill()
+    same = []
+    for name, (_, path) in zip(objects, runs):
+        if path is not None:
+            with open(path, 'rb') as file:
+                same.append(file.read() == objects[name])
     cpu = np.array([seconds for seconds, _ in runs]) * 1e3
     return dict(files=files, cpu_ms_median=float(np.median(cpu)),
-                cpu_ms_mean=float(cpu.mean()),
-                wrong=sum(same is False for _, same in runs),
-                raised=sum(same is None for _, same in runs),
+                cpu_ms_mean=float(cpu.mean()), process_ms=process_ms,
+                wrong=same.count(False),
+                raised=sum(path is None for _, path in runs),
                 corrupt=store.counters(NAMESPACE)['corrupt'],
                 requests=requests)
 
@@ -1049,15 +1076,15 @@ def report_download_cpu(args) -> None:
           f"{parts['lock']:.3f} | {parts['files']:.3f} | {s3} |\n",
           flush=True)
     print(f'| bodies corrupted | files of {args.sample_kb:g} KB | '
-          'CPU ms per download (median / mean) | wrong | corrupt rejected '
-          '| raised after 3 | requests |')
-    print('|---|---|---|---|---|---|---|')
+          'thread CPU ms per download (median / mean) | process CPU ms per '
+          'download | wrong | corrupt rejected | raised after 3 | requests |')
+    print('|---|---|---|---|---|---|---|---|')
     for rate in (0.0, 0.05):
         row = download_cpu(args.download_cpu, sample_bytes, rate,
                            args.work_dir)
         print(f"| {100 * rate:g}% | {row['files']} | "
               f"{row['cpu_ms_median']:.2f} / {row['cpu_ms_mean']:.2f} | "
-              f"{row['wrong']} | {row['corrupt']} | {row['raised']} | "
+              f"{row['process_ms']:.2f} | {row['wrong']} | {row['corrupt']} | {row['raised']} | "
               f"{row['requests']} |",
               flush=True)
 
