@@ -53,6 +53,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from typing import Optional
 
 import numpy as np
 
@@ -881,12 +882,26 @@ def report_planner_scale(args) -> None:
 # ------------------------------------------------- CPU per download
 
 
+def _serve_objects(objects: dict, corrupt_rate: float, pipe) -> None:
+    """A loopback server of ``objects`` in this (child) process: sends its
+    URL, and its GET count when told to stop."""
+    from mmdata_plugin.testing import LoopbackHTTPServer
+    with LoopbackHTTPServer(objects, fault_rate=corrupt_rate,
+                            fault_kinds=('corrupt', )) as server:
+        pipe.send(server.base_url)
+        pipe.recv()
+        pipe.send(server.stats().get_requests)
+
+
 def download_cpu(files: int, sample_bytes: int, corrupt_rate: float,
                  work_dir: str, threads: int = 8) -> dict:
     """Downloads through ``RemoteReader.fetch`` (what the prefetcher and
-    the readers run per file) on ``threads`` threads: the thread CPU time
-    of each (HTTP client, checks, store ledger and files), and whether the
-    stored bytes are the served ones."""
+    the readers run per file) on ``threads`` threads from a loopback
+    server in another process: the thread CPU time of each (HTTP client,
+    checks, store ledger and files), the whole process's CPU time over the
+    downloads (every thread, timers included), and whether the stored
+    bytes are the served ones (read back once all are in)."""
+    import multiprocessing
     from concurrent.futures import ThreadPoolExecutor
 
     import mmdata_plugin  # noqa: F401  (registers the remote backends)
@@ -894,83 +909,153 @@ def download_cpu(files: int, sample_bytes: int, corrupt_rate: float,
     from mmdata_plugin.remote import RemoteCorruptError
     from mmdata_plugin.remote_cache.node_cache_backend import (NAMESPACE,
                                                                RemoteReader)
-    from mmdata_plugin.testing import LoopbackHTTPServer
     rng = np.random.default_rng(0)
     objects = {f'{i}.bin': rng.bytes(sample_bytes) for i in range(files)}
     cache_dir = osp.join(work_dir, f'cpu_cache_{corrupt_rate:g}')
     shutil.rmtree(cache_dir, ignore_errors=True)
     store = NodeStore(cache_dir, 2 * files * sample_bytes)
-    with LoopbackHTTPServer(objects, fault_rate=corrupt_rate,
-                            fault_kinds=('corrupt', )) as server:
+    pipe, child_pipe = multiprocessing.Pipe()
+    server = multiprocessing.get_context('fork').Process(
+        target=_serve_objects, args=(objects, corrupt_rate, child_pipe),
+        daemon=True)
+    server.start()
+    try:
+        base_url = pipe.recv()
         reader = RemoteReader(store, dict(backend='remote_http'),
                               sample_bytes)
 
         def fetch(name):
             start = time.thread_time()
             try:
-                with reader.fetch(server.url(name)) as entry:
-                    with open(entry.path, 'rb') as file:
-                        same = file.read() == objects[name]
+                path = reader.fetch(base_url + name).path
             except RemoteCorruptError:
-                same = None  # damaged on every one of its downloads
-            return time.thread_time() - start, same
+                path = None  # damaged on every one of its downloads
+            return time.thread_time() - start, path
 
+        process_start = time.process_time()
         with ThreadPoolExecutor(threads) as pool:
             runs = list(pool.map(fetch, objects))
-        requests = server.stats().get_requests
+        process_ms = (time.process_time() - process_start) * 1e3 / files
+        pipe.send('stop')
+        requests = pipe.recv()
+    finally:
+        server.join(timeout=30)
+        if server.is_alive():
+            server.kill()
+    same = []
+    for name, (_, path) in zip(objects, runs):
+        if path is not None:
+            with open(path, 'rb') as file:
+                same.append(file.read() == objects[name])
     cpu = np.array([seconds for seconds, _ in runs]) * 1e3
     return dict(files=files, cpu_ms_median=float(np.median(cpu)),
-                cpu_ms_mean=float(cpu.mean()),
-                wrong=sum(same is False for _, same in runs),
-                raised=sum(same is None for _, same in runs),
+                cpu_ms_mean=float(cpu.mean()), process_ms=process_ms,
+                wrong=same.count(False),
+                raised=sum(path is None for _, path in runs),
                 corrupt=store.counters(NAMESPACE)['corrupt'],
                 requests=requests)
+
+
+def _median_cpu_ms(step, items) -> float:
+    """Median thread CPU ms of ``step(item)`` over ``items``."""
+    spent = []
+    for item in items:
+        start = time.thread_time()
+        step(item)
+        spent.append(time.thread_time() - start)
+    return float(np.median(spent)) * 1e3
+
+
+class _Discard:
+    """A sink that drops what it is given."""
+
+    def write(self, data):
+        return len(data)
 
 
 def download_cpu_parts(files: int, sample_bytes: int,
                        work_dir: str) -> dict:
     """Where the CPU of a download goes, on one thread (thread CPU ms per
-    file, median): the remote backend's GET with its length and MD5
-    checks, the MD5 alone, and the store's part (reserve, single flight,
-    temp file, rename, ledger) of a body already in hand."""
+    file, median of each part measured alone): the HTTP transport (request
+    out, status and headers in, body read into the connection's buffer),
+    the MD5, the backend's whole GET with its length and MD5 checks, the
+    store's whole part (single flight, reserve, temp file, rename, ledger)
+    for a body already in hand, and in it the key's lock and the temp
+    file's create, write and rename; an S3 GET from moto when moto is
+    installed."""
     import hashlib
+    import uuid
 
     import mmdata_plugin  # noqa: F401  (registers the remote backends)
     from mmengine.fileio import get_file_backend
 
     from mmdata_plugin.cache.node_store import NodeStore
+    from mmdata_plugin.remote.http_backend import request_head
+    from mmdata_plugin.remote.http_connections import HostConnections
     from mmdata_plugin.testing import LoopbackHTTPServer
     rng = np.random.default_rng(1)
     objects = {f'{i}.bin': rng.bytes(sample_bytes) for i in range(files)}
     cache_dir = osp.join(work_dir, 'cpu_parts_cache')
     shutil.rmtree(cache_dir, ignore_errors=True)
     store = NodeStore(cache_dir, 2 * files * sample_bytes)
-
-    def cpu_ms(step, items) -> float:
-        spent = []
-        for item in items:
-            start = time.thread_time()
-            step(item)
-            spent.append(time.thread_time() - start)
-        return float(np.median(spent)) * 1e3
-
-    class Discard:
-
-        def write(self, data):
-            return len(data)
-
+    parts = {}
     with LoopbackHTTPServer(objects) as server:
         urls = [server.url(name) for name in objects]
+        connections = HostConnections(10, 30, 1)
+
+        def transport(url):
+            scheme, host, port, head = request_head(url, 'GET', url, {})
+            connection = connections.take(scheme, host, port)
+            response = connection.request('GET', head)
+            while response.readinto(connection.buffer):
+                pass
+            connections.give_back(connection)
+
+        parts['transport'] = _median_cpu_ms(transport, urls)
         backend = get_file_backend(
             urls[0], backend_args=dict(backend='remote_http'))
-        http = cpu_ms(lambda url: backend.download(url, Discard()), urls)
-    md5 = cpu_ms(lambda body: hashlib.md5(body).hexdigest(),
-                 objects.values())
-    stored = cpu_ms(
+        parts['http'] = _median_cpu_ms(
+            lambda url: backend.download(url, _Discard()), urls)
+    parts['md5'] = _median_cpu_ms(lambda body: hashlib.md5(body).hexdigest(),
+                                  objects.values())
+    parts['store'] = _median_cpu_ms(
         lambda name: store.get_or_produce(
             'remote', name, lambda file: file.write(objects[name]),
             sample_bytes), objects)
-    return dict(http=http, md5=md5, store=stored)
+
+    def lock(name):
+        with store._key_lock(uuid.uuid4().hex):
+            pass
+
+    parts['lock'] = _median_cpu_ms(lock, objects)
+    temp_dir = osp.join(cache_dir, 'tmp')
+
+    def create_write_rename(name):
+        temp = osp.join(temp_dir, name + '.tmp')
+        with open(temp, 'wb') as file:
+            file.write(objects[name])
+        os.rename(temp, osp.join(temp_dir, name))
+
+    parts['files'] = _median_cpu_ms(create_write_rename, objects)
+    parts['s3'] = s3_get_cpu(objects)
+    return parts
+
+
+def s3_get_cpu(objects: dict) -> Optional[float]:
+    """Median thread CPU ms of the S3 backend's GET (with its length and
+    MD5 checks) of each object from a moto server; None without moto."""
+    if importlib.util.find_spec('moto') is None:
+        return None
+    from mmengine.fileio import get_file_backend
+
+    from mmdata_plugin.testing import MotoS3Server
+    with MotoS3Server() as server:
+        server.put_objects('bucket', objects)
+        backend = get_file_backend(
+            's3://bucket', backend_args=server.backend_args())
+        return _median_cpu_ms(
+            lambda name: backend.download(f's3://bucket/{name}', _Discard()),
+            objects)
 
 
 def report_download_cpu(args) -> None:
@@ -978,22 +1063,28 @@ def report_download_cpu(args) -> None:
     os.makedirs(args.work_dir, exist_ok=True)
     parts = download_cpu_parts(args.download_cpu, sample_bytes,
                                args.work_dir)
-    print('| one thread, CPU ms per file (median) | GET + length + MD5 '
-          '| of it MD5 | store (reserve, temp, rename, ledger) |')
-    print('|---|---|---|---|')
+    s3 = 'moto not installed' if parts['s3'] is None else \
+        f"{parts['s3']:.3f}"
+    print('| one thread, CPU ms per file (median) | HTTP transport | MD5 '
+          '| GET + length + MD5 checks | store (lock, reserve, temp, '
+          'rename, ledger) | of it: key lock | of it: temp file create, '
+          'write, rename | S3 GET + checks (moto) |')
+    print('|---|---|---|---|---|---|---|---|')
     print(f"| {args.download_cpu} files of {args.sample_kb:g} KB | "
-          f"{parts['http']:.3f} | {parts['md5']:.3f} | "
-          f"{parts['store']:.3f} |\n", flush=True)
+          f"{parts['transport']:.3f} | {parts['md5']:.3f} | "
+          f"{parts['http']:.3f} | {parts['store']:.3f} | "
+          f"{parts['lock']:.3f} | {parts['files']:.3f} | {s3} |\n",
+          flush=True)
     print(f'| bodies corrupted | files of {args.sample_kb:g} KB | '
-          'CPU ms per download (median / mean) | wrong | corrupt rejected '
-          '| raised after 3 | requests |')
-    print('|---|---|---|---|---|---|---|')
+          'thread CPU ms per download (median / mean) | process CPU ms per '
+          'download | wrong | corrupt rejected | raised after 3 | requests |')
+    print('|---|---|---|---|---|---|---|---|')
     for rate in (0.0, 0.05):
         row = download_cpu(args.download_cpu, sample_bytes, rate,
                            args.work_dir)
         print(f"| {100 * rate:g}% | {row['files']} | "
               f"{row['cpu_ms_median']:.2f} / {row['cpu_ms_mean']:.2f} | "
-              f"{row['wrong']} | {row['corrupt']} | {row['raised']} | "
+              f"{row['process_ms']:.2f} | {row['wrong']} | {row['corrupt']} | {row['raised']} | "
               f"{row['requests']} |",
               flush=True)
 

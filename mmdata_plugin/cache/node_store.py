@@ -346,8 +346,8 @@ class NodeStore:
         return hashlib.sha256(f'{namespace}\0{key}'.encode()).hexdigest()[:40]
 
     def _entry_path(self, namespace: str, digest: str) -> str:
-        return os.path.join(self.cache_dir, 'entries', namespace, digest[:2],
-                            digest)
+        # formatted, not os.path.join'ed: asked several times per download
+        return f'{self.cache_dir}/entries/{namespace}/{digest[:2]}/{digest}'
 
     def entry_path(self, namespace: str, key: str) -> str:
         """Where the entry of ``key`` lives when present."""
@@ -542,9 +542,8 @@ class NodeStore:
     def _write_temp(self, produce, reservation: Reservation, validate,
                     wait: float = 0) -> Tuple[str, int]:
         """The temp file ``produce`` wrote and its size."""
-        temp = os.path.join(
-            self.cache_dir, 'tmp',
-            owner_file_name(current_owner(), uuid.uuid4().hex) + '.tmp')
+        temp = (f'{self.cache_dir}/tmp/'
+                f'{owner_file_name(current_owner(), uuid.uuid4().hex)}.tmp')
         try:
             with open(temp, 'wb') as file:
                 writer = _ReservedWriter(file, reservation, wait)
@@ -592,7 +591,7 @@ class NodeStore:
         up; a waiter that then gets the lock of an unlinked file retries on
         the new one (inode check).
         """
-        path = os.path.join(self.cache_dir, 'locks', digest + '.lock')
+        path = f'{self.cache_dir}/locks/{digest}.lock'
         for _ in range(_LOCK_RETRIES):
             fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
             try:
@@ -698,7 +697,7 @@ class NodeStore:
             self._evict_row(row)
 
     def _evict_row(self, row: EntryRow) -> int:
-        size = self._ledger.delete_entry(row.digest)
+        size = self._ledger.delete_entry(row)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self._entry_path(row.namespace, row.digest))
         self._counters.add(row.namespace, 'evicted_entries')

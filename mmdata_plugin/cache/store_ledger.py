@@ -371,22 +371,26 @@ class StoreLedger:
                    (delta, ))
 
     def insert_entry(self, row: EntryRow) -> None:
-        """Insert or replace an entry, keeping the committed total right."""
+        """Insert or replace an entry, keeping the committed total right
+        (two statements: one per download, so each counts)."""
         with self._lock:
-            old = self.entry(row.digest)
+            self._rows(
+                "UPDATE totals SET value=value+?-COALESCE((SELECT size FROM "
+                "entries WHERE digest=?), 0) WHERE name='committed'",
+                (row.size, row.digest))
             self._rows('INSERT OR REPLACE INTO entries VALUES (?, ?, ?, ?, ?)',
                        row)
-            self.add_committed(row.size - (old.size if old else 0))
 
-    def delete_entry(self, digest: str) -> int:
-        """Delete an entry's row; returns its size (0 if absent)."""
+    def delete_entry(self, row: EntryRow) -> int:
+        """Delete the entry ``row`` (as read in this transaction); returns
+        its size (0 if absent)."""
         with self._lock:
-            old = self.entry(digest)
-            if old is None:
+            if not self.connection.execute(
+                    'DELETE FROM entries WHERE digest=?',
+                (row.digest, )).rowcount:
                 return 0
-            self._rows('DELETE FROM entries WHERE digest=?', (digest, ))
-            self.add_committed(-old.size)
-            return old.size
+            self.add_committed(-row.size)
+            return row.size
 
     def touch(self, accesses: Dict[str, float]) -> None:
         with self._lock:

@@ -1,19 +1,27 @@
-"""http(s):// objects through a pooled, keep-alive urllib3 client."""
+"""http(s):// objects over lean keep-alive connections pooled per host."""
 import re
-from typing import Dict, Optional, Tuple
-from urllib.parse import urlsplit
-
-import urllib3
-from urllib3.exceptions import HTTPError as Urllib3Error
-from urllib3.exceptions import MaxRetryError, ProtocolError, SSLError
+import ssl
+from typing import Callable, Dict, Iterator, Optional, Tuple
+from urllib.parse import quote, urljoin, urlsplit
 
 from .errors import (RemoteIOError, RemoteUnavailableError, RetryableError,
                      error_for_status)
-from .remote_backend import CHUNK_SIZE, RemoteBackend, RemoteBody, RemoteStat
+from .http_connections import (STALE_CONNECTION, Connection, HostConnections,
+                               Response)
+from .remote_backend import RemoteBackend, RemoteBody, RemoteStat
 
 _CONTENT_RANGE = re.compile(r'bytes (\d+)-(\d+)/(\d+|\*)')
-# Answers that the pool manager follows (to any host).
 _REDIRECTS = frozenset((301, 302, 303, 307, 308))
+#: Redirects followed per request (urllib3's default, which this backend
+#: used before).
+MAX_REDIRECTS = 5
+#: Headers a redirect to another host does not carry on.
+_CREDENTIAL_HEADERS = frozenset(('authorization', 'cookie',
+                                 'proxy-authorization'))
+_DEFAULT_PORTS = {'http': 80, 'https': 443}
+#: Characters sent as they are in a request target; others are quoted.
+_URL_SAFE = "!#$%&'()*+,/:;=?@[]~"
+_UNSAFE = re.compile(r'[\x00-\x20\x7f]')
 
 
 class HTTPRemoteBackend(RemoteBackend):
@@ -24,19 +32,21 @@ class HTTPRemoteBackend(RemoteBackend):
     URL path use it; mmengine's bare ``urlopen`` backend stays available as
     ``backend_args=dict(backend='http')``.
 
-    One urllib3 pool per process keeps connections alive between requests
-    (no TCP/TLS handshake per sample). Responses are streamed and checked
-    against their ``Content-Length``; 5xx, 408, 429, timeouts, resets,
-    refused connections and truncated bodies are retried with jittered
-    exponential backoff; 404/401/403 fail at once, naming the URL.
+    Keep-alive connections are pooled per host and process (no TCP/TLS
+    handshake per sample; see :mod:`.http_connections`), redirects are
+    followed (to any host, at most ``MAX_REDIRECTS``; credentials are not
+    sent on to another host). Responses are streamed and checked against
+    their ``Content-Length``; 5xx, 408, 429, timeouts, resets, refused
+    connections and truncated bodies are retried with jittered exponential
+    backoff; 404/401/403 fail at once, naming the URL.
 
     Args:
         headers (dict, optional): Sent with every request, e.g.
             ``{'Authorization': 'Bearer ...'}`` (put secrets in environment
             variables: ``'{{$TOKEN:}}'`` in an mmengine config; mmengine
             substitutes only with the ``:``).
-        pool_maxsize (int): Connections kept per host and process. Raise it
-            when many threads of one process read at once.
+        pool_maxsize (int): Idle connections kept per host and process.
+            Raise it when many threads of one process read at once.
         verify (bool): Check TLS certificates.
         ca_certs (str, optional): CA bundle for private endpoints.
         **kwargs: ``timeout``, ``connect_timeout``, ``retries``, ``backoff``,
@@ -51,98 +61,83 @@ class HTTPRemoteBackend(RemoteBackend):
                  **kwargs) -> None:
         super().__init__(**kwargs)
         self.headers = dict(headers or {})
+        for name, value in self.headers.items():
+            if any(char in f'{name}{value}' for char in '\r\n\0'):
+                raise ValueError(
+                    f'headers[{name!r}] holds a control character '
+                    '(a line break would end the header block)')
+        # Asked for as it is (no compressed transfer): sizes, ranges and
+        # ETags are the object's.
+        self._headers = {
+            'User-Agent': 'mmdata_plugin',
+            'Accept-Encoding': 'identity',
+            **self.headers
+        }
         self.pool_maxsize = pool_maxsize
         self.verify = verify
         self.ca_certs = ca_certs
-        self._pools: Optional[Dict[Tuple[str, str],
-                                   'urllib3.HTTPConnectionPool']] = None
-        self._pools_client = None
 
-    def _new_client(self) -> urllib3.PoolManager:
-        return urllib3.PoolManager(
-            num_pools=16,
-            maxsize=self.pool_maxsize,
-            block=False,
-            headers=self.headers,
-            timeout=urllib3.Timeout(
-                connect=self.connect_timeout, read=self.timeout),
-            # Our RetryPolicy retries (with backoff, over whole bodies);
-            # urllib3 only follows redirects.
-            retries=urllib3.Retry(
-                total=None,
-                connect=0,
-                read=0,
-                other=0,
-                status=0,
-                redirect=5,
-                raise_on_status=False),
-            cert_reqs='CERT_REQUIRED' if self.verify else 'CERT_NONE',
-            ca_certs=self.ca_certs)
+    def _new_client(self) -> HostConnections:
+        return HostConnections(self.connect_timeout, self.timeout,
+                               self.pool_maxsize, self.verify, self.ca_certs)
 
-    def _host_pool(self, url: str) -> Tuple[
-            'urllib3.HTTPConnectionPool', str]:
-        """The connection pool of ``url``'s host and the request target.
+    def _request(self,
+                 method: str,
+                 url: str,
+                 headers: Dict[str, str],
+                 target: Optional[str] = None) -> '_Answer':
+        """The first answer to ``target`` (default ``url``) that is no
+        redirect; errors name ``url``."""
+        headers = {**self._headers, **headers}
+        target = target or url
+        for _ in range(MAX_REDIRECTS + 1):
+            answer = self._send(method, url, target, headers)
+            status = answer.response.status
+            if status not in _REDIRECTS:
+                return answer
+            location = answer.response.getheader('Location')
+            answer.drain()
+            if location is None:
+                raise RemoteIOError(
+                    url, f'HTTP {status} redirect without a Location')
+            moved = urljoin(target, location)
+            if urlsplit(moved).netloc != urlsplit(target).netloc:
+                headers = {
+                    name: value
+                    for name, value in headers.items()
+                    if name.lower() not in _CREDENTIAL_HEADERS
+                }
+            if status == 303 and method != 'HEAD':
+                method = 'GET'
+            target = moved
+        raise RemoteIOError(
+            url, f'too many redirects (more than {MAX_REDIRECTS})')
 
-        Asked of the pool directly: the pool manager's per-request URL
-        parsing, pool-key normalization and redirect bookkeeping cost
-        about as much CPU as reading a 100 KB body (issue 22, item 4).
-        """
-        parts = urlsplit(url)
-        pools = self._pools
-        if pools is None or self._pools_client is not self.client:
-            pools = self._pools = {}
-            self._pools_client = self.client
-        origin = (parts.scheme, parts.netloc)
-        pool = pools.get(origin)
-        # A pool the manager dropped (more hosts than num_pools) is closed.
-        if pool is None or pool.pool is None:
-            pool = pools[origin] = self.client.connection_from_url(url)
-        target = parts.path or '/'
-        if parts.query:
-            target += '?' + parts.query
-        return pool, target
-
-    def __getstate__(self) -> dict:
-        state = super().__getstate__()
-        state.update(_pools=None, _pools_client=None)
-        return state
-
-    def _request(self, method: str, url: str,
-                 headers: Dict[str, str]) -> 'urllib3.HTTPResponse':
-        headers = {**self.headers, **headers}
+    def _send(self, method: str, url: str, target: str,
+              headers: Dict[str, str]) -> '_Answer':
+        """One request to ``target`` (``url`` or where it redirected);
+        errors name ``url``."""
+        scheme, host, port, head = request_head(url, method, target, headers)
+        connection = self.client.take(scheme, host, port)
         try:
-            pool, target = self._host_pool(url)
-            response = pool.urlopen(
-                method,
-                target,
-                headers=headers,
-                redirect=False,
-                preload_content=False,
-                decode_content=False,
-                enforce_content_length=True)
-            if response.status not in _REDIRECTS:
-                return response
-            response.drain_conn()
-            response.release_conn()
-            # The manager follows the redirect, to any host.
-            return self.client.request(
-                method,
-                url,
-                headers=headers,
-                preload_content=False,
-                decode_content=False,
-                enforce_content_length=True)
-        except MaxRetryError as error:
-            if isinstance(error.reason, urllib3.exceptions.ResponseError):
-                # A redirect loop: the same chain on every try.
-                raise RemoteIOError(url, f'{error.reason}') from None
-            raise _classify(url, error.reason or error) from None
-        except Urllib3Error as error:
-            raise _classify(url, error) from None
+            try:
+                reused = connection.is_open
+                response = connection.request(method, head)
+            except STALE_CONNECTION:
+                if not reused:
+                    raise
+                response = connection.request(method, head)
+        except ssl.SSLError as error:
+            raise RemoteUnavailableError(url, f'TLS error: {error}') from None
+        except OSError as error:
+            raise RetryableError(
+                f'{type(error).__name__}: {error}') from None
+        return _Answer(response, connection, self.client)
 
     def _head(self, url: str) -> RemoteStat:
-        response = self._request('HEAD', url, {})
-        response.release_conn()
+        answer = self._request('HEAD', url, {})
+        answer.drain()
+        response = answer.response
         if response.status in (405, 501):
             # HEAD not allowed: a 1-byte range GET tells the size as well.
             body = self._open(url, (0, 1))
@@ -151,60 +146,144 @@ class HTTPRemoteBackend(RemoteBackend):
         elif response.status != 200:
             raise error_for_status(url, response.status)
         else:
-            size = response.headers.get('Content-Length')
-            etag = response.headers.get('ETag')
+            size = response.getheader('Content-Length')
+            etag = response.getheader('ETag')
         if size is None:
             raise RemoteIOError(url, 'the server sent no Content-Length')
         return RemoteStat(int(size), etag)
 
     def _open(self, url: str, span: Optional[Tuple[int, int]]) -> RemoteBody:
-        headers = {}
-        if span is not None:
-            headers['Range'] = f'bytes={span[0]}-{span[0] + span[1] - 1}'
-        response = self._request('GET', url, headers)
+        return self.open_body(url, url, range_headers(span))
+
+    def open_body(self,
+                  url: str,
+                  target: str,
+                  headers: Dict[str, str],
+                  failed: Callable[[str, int, str, bytes],
+                                   Exception] = None) -> RemoteBody:
+        """One GET of ``target`` (``url`` itself, or where an S3 object is
+        read from) with ``headers``, as a body of ``url``.
+
+        ``failed(url, status, reason, start of the error page)`` is the
+        error a status other than 200/206 raises (default: by the status,
+        :func:`~.errors.error_for_status`).
+        """
+        answer = self._request('GET', url, headers, target)
+        response = answer.response
         if response.status not in (200, 206):
-            detail = response.reason or ''
-            response.drain_conn()
-            response.release_conn()
-            raise error_for_status(url, response.status, detail)
-        length_header = response.headers.get('Content-Length')
+            page = answer.error_page()
+            if failed is None:
+                raise error_for_status(url, response.status, response.reason)
+            raise failed(url, response.status, response.reason, page)
+        length_header = response.getheader('Content-Length')
         length = int(length_header) if length_header is not None else None
         start, size = 0, length
         if response.status == 206:
-            match = _CONTENT_RANGE.fullmatch(
-                response.headers.get('Content-Range', ''))
+            content_range = response.getheader('Content-Range', '')
+            match = _CONTENT_RANGE.fullmatch(content_range)
             if match is None or match.group(3) == '*':
-                response.close()
+                answer.release(False)
                 raise RemoteIOError(
                     url, 'a range answer without a usable Content-Range '
-                    f'({response.headers.get("Content-Range")!r})')
+                    f'({content_range!r})')
             start, size = int(match.group(1)), int(match.group(3))
         if size is None:
-            size = -1  # chunked answer: urllib3 still detects truncation
-
-        def close(complete: bool) -> None:
-            if not complete:
-                response.close()
-            response.release_conn()
-
-        return RemoteBody(size, response.headers.get('ETag'), start, length,
-                          _stream(url, response), close)
+            size = -1  # chunked answer: a cut one still raises
+        return RemoteBody(size, response.getheader('ETag'), start, length,
+                          answer.chunks(), answer.release)
 
 
-def _stream(url: str, response):
+def range_headers(span: Optional[Tuple[int, int]]) -> Dict[str, str]:
+    """The ``Range`` header of ``span=(start, length)`` (none for None)."""
+    if span is None:
+        return {}
+    return {'Range': f'bytes={span[0]}-{span[0] + span[1] - 1}'}
+
+
+def request_head(url: str, method: str, target: str,
+                  headers: Dict[str, str]) -> Tuple[str, str, int, bytes]:
+    """Scheme, host, port and the request's bytes (request line and
+    headers) for ``target``; a URL that cannot be sent names ``url``."""
+    parts = urlsplit(target)
     try:
-        yield from response.stream(CHUNK_SIZE)
-    except Urllib3Error as error:
-        raise _classify(url, error) from None
+        port = parts.port or _DEFAULT_PORTS.get(parts.scheme)
+    except ValueError as error:
+        raise RemoteIOError(url, f'not a valid URL ({error})') from None
+    if port is None or not parts.hostname:
+        raise RemoteIOError(url, f'not a valid URL ({target!r})')
+    path = parts.path or '/'
+    if parts.query:
+        path += '?' + parts.query
+    if not path.isascii() or _UNSAFE.search(path):
+        # as a browser sends them (non-ASCII names, spaces)
+        path = quote(path, safe=_URL_SAFE)
+    lines = [f'{method} {path} HTTP/1.1', f'Host: {parts.netloc}']
+    lines.extend(f'{name}: {value}' for name, value in headers.items())
+    try:
+        return parts.scheme, parts.hostname, port, (
+            '\r\n'.join(lines) + '\r\n\r\n').encode('latin-1')
+    except UnicodeEncodeError as error:
+        raise RemoteIOError(
+            url, f'a header that is not latin-1 ({error})') from None
 
 
-def _classify(url: str, error: Exception) -> Exception:
-    """Retry network trouble; stop at once on TLS or URL mistakes."""
-    if isinstance(error, SSLError):
-        return RemoteUnavailableError(url, f'TLS error: {error}')
-    if isinstance(error, (urllib3.exceptions.LocationValueError,
-                          urllib3.exceptions.LocationParseError)):
-        return RemoteIOError(url, f'not a valid URL ({error})')
-    kind = 'connection broken' if isinstance(error, ProtocolError) \
-        else type(error).__name__
-    return RetryableError(f'{kind}: {error}')
+class _Answer:
+    """A response and the pooled connection it arrived on.
+
+    Args:
+        response (Response): The response, body unread.
+        connection (Connection): Its connection.
+        pool (HostConnections): Where the connection goes back.
+    """
+
+    def __init__(self, response: Response, connection: Connection,
+                 pool: HostConnections) -> None:
+        self.response = response
+        self.connection = connection
+        self.pool = pool
+
+    def chunks(self) -> Iterator[memoryview]:
+        """The body, read into the connection's buffer: each part is valid
+        until the next is asked for."""
+        buffer = self.connection.buffer
+        readinto = self.response.readinto
+        try:
+            while True:
+                received = readinto(buffer)
+                if not received:
+                    return
+                yield buffer[:received]
+        except OSError as error:
+            raise RetryableError(
+                f'connection broken: {type(error).__name__}: {error}') \
+                from None
+
+    def release(self, complete: bool) -> None:
+        """Give the connection back when the body was read out, else close
+        it (bytes of this answer may still be on the way)."""
+        if complete and self.response.reusable:
+            self.pool.give_back(self.connection)
+        else:
+            self.connection.close()
+
+    def error_page(self) -> bytes:
+        """The start of an error answer's body (at most 64 KB, enough for
+        an S3 error document); the rest is drained."""
+        page = memoryview(bytearray(1 << 16))
+        try:
+            received = self.response.readinto(page)
+        except OSError:
+            self.release(False)
+            return b''
+        self.drain()
+        return bytes(page[:received])
+
+    def drain(self) -> None:
+        """Read out a body nobody wants (a redirect's, an error page), so
+        the connection serves the next request."""
+        try:
+            self.response.read()
+        except OSError:
+            self.release(False)
+            return
+        self.release(True)

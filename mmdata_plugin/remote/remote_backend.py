@@ -33,6 +33,12 @@ CORRUPT_ATTEMPTS = 3
 _MD5_ETAG = re.compile(r'"?([0-9a-fA-F]{32})"?')
 
 
+def is_md5_etag(etag: Optional[str]) -> bool:
+    """Whether ``etag`` is the MD5 of the object's bytes (as far as its
+    form tells: 32 hex digits, quoted or not)."""
+    return _MD5_ETAG.fullmatch(etag or '') is not None
+
+
 @dataclass(frozen=True)
 class RemoteStat:
     """Size in bytes and ETag (as the server spells it; None if absent)."""
@@ -321,8 +327,7 @@ class _Progress:
         self.stat = stat
         whole = self.span is None or (self.span[0] == 0
                                       and self.span[1] >= stat.size >= 0)
-        etag = stat.etag or ''
-        if whole and _MD5_ETAG.fullmatch(etag):
+        if whole and is_md5_etag(stat.etag):
             self._md5 = hashlib.md5()
 
     def wrote(self, piece: bytes) -> None:

@@ -2,6 +2,7 @@ import http.server
 import io
 import pickle
 import threading
+import time
 
 import pytest
 from mmengine import fileio
@@ -228,6 +229,153 @@ def test_chunked_bodies_and_redirect_loops():
         with pytest.raises(RemoteIOError, match='too many redirects'):
             backend.get(f'{base}/loop')
         assert backend.requests_made == made + 1
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_kept_connection_the_server_closed_is_replaced_without_a_retry():
+    with LoopbackHTTPServer({'a': b'abc'}, idle_timeout=0.2) as srv:
+        backend = HTTPRemoteBackend(backoff=5)
+        assert backend.get(srv.url('a')) == b'abc'
+        time.sleep(0.6)  # the server closes the idle connection
+        assert backend.get(srv.url('a')) == b'abc'
+        assert backend.retry.retried == 0
+        assert srv.stats().connections == 2
+
+
+def test_names_with_spaces_or_beyond_ascii_are_sent_quoted():
+    objects = {'a b.bin': b'space', 'bild_ä.bin': b'umlaut'}
+    with LoopbackHTTPServer(objects) as srv:
+        backend = HTTPRemoteBackend()
+        for name, data in objects.items():
+            assert backend.get(srv.url(name)) == data
+
+
+def test_a_header_with_a_line_break_is_refused_naming_it():
+    with pytest.raises(ValueError, match="headers\\['X-Token'\\]"):
+        HTTPRemoteBackend(headers={'X-Token': 'a\r\nHost: evil'})
+
+
+class _Redirecting(http.server.BaseHTTPRequestHandler):
+    """/to-other-host answers 302 to the same server under 'localhost';
+    /see-other answers 303 to /plain; /plain records the Authorization it
+    got and sends a body without length, closing the connection; anything
+    else answers with a line that is not HTTP."""
+    protocol_version = 'HTTP/1.1'
+    authorizations = []
+
+    def log_message(self, *args):
+        pass
+
+    def do_GET(self):
+        port = self.server.server_address[1]
+        if self.path in ('/to-other-host', '/see-other'):
+            self.send_response(302 if self.path == '/to-other-host' else 303)
+            self.send_header(
+                'Location', f'http://localhost:{port}/plain'
+                if self.path == '/to-other-host' else '/plain')
+            self.send_header('Content-Length', '0')
+            self.end_headers()
+        elif self.path == '/plain':
+            self.authorizations.append(self.headers.get('Authorization'))
+            self.send_response(200)
+            self.send_header('Connection', 'close')
+            self.end_headers()
+            self.wfile.write(b'until the end')
+            self.close_connection = True
+        else:
+            self.wfile.write(b'SPAM 200 OK\r\n\r\n')
+            self.close_connection = True
+
+    do_HEAD = do_GET
+
+
+def test_redirects_to_another_host_drop_credentials_and_bad_answers_retry():
+    server = http.server.ThreadingHTTPServer(('127.0.0.1', 0), _Redirecting)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f'http://127.0.0.1:{server.server_address[1]}'
+    try:
+        backend = HTTPRemoteBackend(headers={'Authorization': 'Bearer t'},
+                                    retries=2, backoff=0.01)
+        assert backend.get(f'{base}/to-other-host') == b'until the end'
+        assert backend.get(f'{base}/see-other') == b'until the end'
+        assert _Redirecting.authorizations == [None, 'Bearer t']
+        with pytest.raises(RemoteUnavailableError,
+                           match=r'not an HTTP/1.x status line.*'
+                           r'gave up after 3 attempt.*/garbage'):
+            backend.get(f'{base}/garbage')
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _self_signed_certificate(folder):
+    """A certificate and key for 127.0.0.1, as PEM files in ``folder``."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, '127.0.0.1')])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    certificate = x509.CertificateBuilder().subject_name(name).issuer_name(
+        name).public_key(key.public_key()).serial_number(1).not_valid_before(
+            now - datetime.timedelta(hours=1)).not_valid_after(
+                now + datetime.timedelta(hours=1)).add_extension(
+                    x509.SubjectAlternativeName(
+                        [x509.IPAddress(ipaddress.ip_address('127.0.0.1'))]),
+                    critical=False).sign(key, hashes.SHA256())
+    cert_file, key_file = folder / 'cert.pem', folder / 'key.pem'
+    cert_file.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM,
+                          serialization.PrivateFormat.PKCS8,
+                          serialization.NoEncryption()))
+    return str(cert_file), str(key_file)
+
+
+class _Files(http.server.SimpleHTTPRequestHandler):
+    """Files of the current folder over keep-alive, counting connections."""
+    protocol_version = 'HTTP/1.1'
+    connections = 0
+
+    def setup(self):
+        type(self).connections += 1
+        super().setup()
+
+    def log_message(self, *args):
+        pass
+
+
+def test_https_checks_the_certificate_and_keeps_the_connection(tmp_path):
+    import functools
+    import ssl
+    pytest.importorskip('cryptography')
+    cert_file, key_file = _self_signed_certificate(tmp_path)
+    (tmp_path / 'a.bin').write_bytes(blob(3, 100_000))
+    server = http.server.ThreadingHTTPServer(
+        ('127.0.0.1', 0), functools.partial(_Files, directory=str(tmp_path)))
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert_file, key_file)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f'https://127.0.0.1:{server.server_address[1]}/a.bin'
+    try:
+        trusted = HTTPRemoteBackend(ca_certs=cert_file)
+        data = blob(3, 100_000)
+        assert trusted.get(url) == trusted.get(url) == data
+        assert HTTPRemoteBackend(verify=False).stat(url).size == len(data)
+        assert _Files.connections == 2
+        untrusted = HTTPRemoteBackend(backoff=0.01)
+        with pytest.raises(RemoteUnavailableError,
+                           match=f'TLS error.*CERTIFICATE_VERIFY_FAILED.*'
+                           f'{url}'):
+            untrusted.get(url)
+        assert untrusted.retry.retried == 0
     finally:
         server.shutdown()
         server.server_close()

@@ -73,7 +73,7 @@ def test_download_cpu_is_measured_clean_and_with_corrupt_bodies(tmp_path):
                       timeout=300).stdout
     clean, corrupt = (line.split('|')
                       for line in out.strip().splitlines()[-2:])
-    assert float(clean[3].split('/')[0]) > 0
+    assert float(clean[3].split('/')[0]) > 0 and float(clean[4]) > 0
     # Nothing wrong is served; with 5% of bodies damaged, some are caught.
-    assert clean[4].strip() == corrupt[4].strip() == '0'
-    assert int(corrupt[5]) > 0 and int(corrupt[7]) > 40
+    assert clean[5].strip() == corrupt[5].strip() == '0'
+    assert int(corrupt[6]) > 0 and int(corrupt[8]) > 40
