@@ -12,7 +12,7 @@ was timed, reported with their standard error (``stderr``).
 """
 import math
 from collections import defaultdict
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 
@@ -146,7 +146,8 @@ class WorkerRun:
         cpu (float): Their CPU times' sum.
     """
 
-    __slots__ = ('pids', 'timed', 'time', 'transfer', 'slack', 'cpu')
+    __slots__ = ('pids', 'timed', 'time', 'transfer', 'slack', 'cpu',
+                 'places', 'bytes')
 
     def __init__(self, records: List[dict], time: Series, transfer: float,
                  slack: float, cpu: float) -> None:
@@ -156,6 +157,10 @@ class WorkerRun:
         self.transfer = transfer
         self.slack = slack
         self.cpu = cpu
+        # Batches of Ray data actors name their node and size.
+        self.places = {(record['host'], record['ip'], record['node'])
+                       for record in records if 'node' in record}
+        self.bytes = sum(record.get('bytes', 0) for record in records)
 
 
 def _is_timed(record: dict) -> bool:
@@ -198,14 +203,18 @@ class StepColumns:
         self.samples = sum([record['samples'] for record in records])
         self.cpu = float(cpu.sum())
         self.timed = [record for record in records if _is_timed(record)]
-        self.workers = self._by_worker(records, worker_time, transfer, slack,
-                                       cpu)
+        figures = (records, worker_time, transfer, slack, cpu)
+        self.workers = self._by('worker', *figures)
+        # Per node: the batches of Ray data actors.
+        self.nodes = self._by('node', *figures) if records and (
+            'node' in records[0]) else {}
 
-    def _by_worker(self, records: List[dict], worker_time: np.ndarray,
-                   transfer: np.ndarray, slack: np.ndarray,
-                   cpu: np.ndarray) -> Dict[int, WorkerRun]:
-        ids = [record['worker'] for record in records]
-        if len(set(ids)) == 1:  # one worker, or none: no need to split
+    def _by(self, key: str, records: List[dict], worker_time: np.ndarray,
+            transfer: np.ndarray, slack: np.ndarray,
+            cpu: np.ndarray) -> Dict[Any, WorkerRun]:
+        """The records' figures grouped by their ``key`` entry."""
+        ids = [record[key] for record in records]
+        if len(set(ids)) == 1:  # one group, or none: no need to split
             return {
                 ids[0]:
                 WorkerRun(records, self.worker, self.transfer.total,
@@ -213,9 +222,9 @@ class StepColumns:
             }
         ids_array = np.array(ids)
         runs = {}
-        for worker in dict.fromkeys(ids):
-            mine = np.flatnonzero(ids_array == worker)
-            runs[worker] = WorkerRun([records[i] for i in mine],
+        for group in dict.fromkeys(ids):
+            mine = np.flatnonzero(ids_array == group)
+            runs[group] = WorkerRun([records[i] for i in mine],
                                      Series(worker_time[mine]),
                                      float(transfer[mine].sum()),
                                      float(slack[mine].sum()),
@@ -224,11 +233,14 @@ class StepColumns:
 
 
 class WorkerStats:
-    """Batches produced by one worker process."""
+    """Batches produced by one worker process (or Ray data actor, or on
+    one data node)."""
 
     def __init__(self, capacity: int) -> None:
         self.time = SampleBuffer(capacity)
         self.pids = set()
+        self.places = set()
+        self.bytes = 0
         self.stage_totals: Dict[str, float] = defaultdict(float)
         self.timed = 0
         self.transfer = 0.0
@@ -246,6 +258,8 @@ class WorkerStats:
         self.transfer += run.transfer
         self.slack += run.slack
         self.cpu += run.cpu
+        self.places |= run.places
+        self.bytes += run.bytes
 
     def summary(self, worker: int) -> dict:
         batches = self.time.seen
@@ -256,6 +270,7 @@ class WorkerStats:
         timed = max(self.timed, 1)
         return dict(
             worker=worker,
+            **self._place(batches),
             # Non-persistent workers get a new process every epoch.
             pids=sorted(self.pids)[-8:],
             processes=len(self.pids),
@@ -267,6 +282,27 @@ class WorkerStats:
             transfer=1e3 * self.transfer / batches,
             slack=1e3 * self.slack / batches,
             cpu_share=self.cpu / max(self.time.total, 1e-12))
+
+    def _place(self, batches: int) -> dict:
+        """Where the batches of Ray data actors were made, their size and
+        the rate of their transfer (nothing for local workers)."""
+        if not self.places:
+            return {}
+        hosts, ips, nodes = zip(*sorted(self.places))
+        return dict(
+            hosts=list(hosts),
+            ips=list(ips),
+            nodes=list(nodes),
+            bytes=self.bytes / batches,
+            gbps=self.bytes / max(self.transfer, 1e-12) / 1e9)
+
+    def node_summary(self, node: str) -> dict:
+        """The figures of the batches made on ``node`` (a Ray node id)."""
+        summary = self.summary(-1)
+        for key in ('worker', 'stages', 'timed_batches', 'nodes'):
+            del summary[key]
+        return dict(summary, node=node, host=summary.pop('hosts')[0],
+                    ip=summary.pop('ips')[0])
 
 
 class StatsBook:
@@ -285,6 +321,7 @@ class StatsBook:
         self.slack = SampleBuffer(capacity)
         self.stages: Dict[str, SampleBuffer] = {}
         self.workers: Dict[int, WorkerStats] = {}
+        self.nodes: Dict[str, WorkerStats] = {}
         self.samples = 0
         self.timed = 0
         self.timed_samples = 0
@@ -330,12 +367,14 @@ class StatsBook:
         self.cpu += columns.cpu
         for record in columns.timed:
             self._add_stages(record)
-        for worker, run in columns.workers.items():
-            stats = self.workers.get(worker)
-            if stats is None:
-                stats = self.workers[worker] = WorkerStats(
-                    min(self.capacity, 1024))
-            stats.add_run(run)
+        for groups, runs in ((self.workers, columns.workers),
+                             (self.nodes, columns.nodes)):
+            for group, run in runs.items():
+                stats = groups.get(group)
+                if stats is None:
+                    stats = groups[group] = WorkerStats(
+                        min(self.capacity, 1024))
+                stats.add_run(run)
 
     def _add_stages(self, record: dict) -> None:
         self.timed += 1
@@ -432,4 +471,14 @@ class StatsBook:
             workers=[
                 stats.summary(worker)
                 for worker, stats in sorted(self.workers.items())
-            ])
+            ],
+            **self._node_summaries())
+
+    def _node_summaries(self) -> dict:
+        """``nodes``: per Ray data node (nothing with local workers)."""
+        if not self.nodes:
+            return {}
+        return dict(nodes=[
+            stats.node_summary(node)
+            for node, stats in sorted(self.nodes.items())
+        ])

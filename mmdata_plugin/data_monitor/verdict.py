@@ -229,6 +229,37 @@ def _worker_advice(rank: dict, context: dict, needed: Optional[int],
             f'{keep_up} up.')
 
 
+def _actor_advice(rank: dict, nodes: dict, needed: Optional[int],
+                  level: str) -> Optional[str]:
+    """The Ray data actors that keep up: sized by ``num_actors='auto'``
+    or to set (``nodes`` is the context's ``data_nodes``)."""
+    if needed is None:
+        return None
+    actors = nodes['actors']
+    basis = (f"a batch takes {rank['worker']['mean']:.1f} ms of one actor "
+             f"and a training step {rank['compute']['mean']:.1f} ms")
+    if nodes['num_actors'] == 'auto':
+        low, high = nodes['min_actors'], nodes['max_actors']
+        if needed > high:
+            return (f'{needed} actors would keep up ({basis}), more than '
+                    f'max_actors={high}: raise max_actors to {needed} '
+                    '(with the CPUs for them on the data nodes).')
+        return (f"num_actors='auto' sizes the pool to the {needed} "
+                f'actor(s) that keep up ({basis}); {actors} now, within '
+                f'{low}-{high}.')
+    if level == 'none':
+        if actors > needed + 1:
+            return (f'num_actors={actors} is more than the {needed} '
+                    f'needed ({basis}); fewer actors would free CPUs on '
+                    'the data nodes.')
+        return None
+    if needed <= actors:
+        return None
+    return (f'Raise num_actors from {actors} to {needed}: {basis}, so '
+            f"{needed} actors keep up (or num_actors='auto' with "
+            f'max_actors={needed}: sized while training).')
+
+
 def _straggler_advice(rank: dict) -> Optional[str]:
     workers = [w for w in rank['workers'] if w['batches'] >= 5]
     if len(workers) < 2:
@@ -329,9 +360,13 @@ def judge(ranks: List[dict], context: dict) -> dict:
             advice=[])
     worst = max(measured, key=_data_share)
     level = input_bound_level(_data_share(worst))
+    # With RayDataNodesHook, Ray actors make the batches (their production
+    # time is the worker time), not the loader's workers.
+    nodes = context.get('data_nodes')
     workers = context.get('num_workers', 0)
     needed = workers_needed(worst['worker']['mean'], worst['compute']['mean'])
-    bottleneck, bottleneck_share = find_bottleneck(worst, workers)
+    bottleneck, bottleneck_share = find_bottleneck(
+        worst, nodes['actors'] if nodes else workers)
     trainer_share = worst.get('trainer_share', 0.0)
     if trainer_share >= MODERATE and trainer_share >= worst['wait_share']:
         bottleneck, bottleneck_share = 'trainer', trainer_share
@@ -354,7 +389,7 @@ def judge(ranks: List[dict], context: dict) -> dict:
                  if bottleneck_stderr >= 0.005 else '')
         summary += (f' Bottleneck: {stage_label(bottleneck)} '
                     f'({_pct(bottleneck_share)}{error} of {of}).')
-    if not stages_measured(worst):
+    if not stages_measured(worst) and not nodes:
         summary += (' No stage sample yet: none of the counted batches was '
                     'timed in stages (one batch in K is, after the first '
                     f'{FULL_BATCHES} of each loading process), so the '
@@ -362,15 +397,17 @@ def judge(ranks: List[dict], context: dict) -> dict:
                     'measure more steps.')
     advice = []
     for topic, text in (('rank', _rank_advice(measured, worst)),
-                        ('workers',
-                         _worker_advice(worst, context, needed, level)),
+                        ('actors', _actor_advice(worst, nodes, needed, level)
+                         if nodes else None),
+                        ('workers', None if nodes else _worker_advice(
+                            worst, context, needed, level)),
                         ('stage', _stage_advice(bottleneck, worst, context)
                          if bottleneck and level != 'none' else None),
                         ('straggler', _straggler_advice(worst)
-                         if level != 'none' else None)):
+                         if level != 'none' and not nodes else None)):
         if text:
             advice.append(dict(topic=topic, text=text))
-    if level != 'none':
+    if level != 'none' and not nodes:  # about local workers
         advice += _other_advice(worst, context)
     return dict(
         input_bound=level,
@@ -385,8 +422,10 @@ def judge(ranks: List[dict], context: dict) -> dict:
         bottleneck=bottleneck,
         bottleneck_share=bottleneck_share,
         bottleneck_stderr=bottleneck_stderr,
-        workers_needed=needed,
+        workers_needed=None if nodes else needed,
         num_workers=workers,
+        **(dict(actors_needed=needed, num_actors=nodes['actors'])
+           if nodes else {}),
         summary=summary,
         advice=advice)
 
