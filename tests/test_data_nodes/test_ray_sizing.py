@@ -8,14 +8,14 @@ import time
 
 import pytest
 import torch
-from torch.utils.data import TensorDataset, default_collate
+from torch.utils.data import TensorDataset
 
 pytest.importorskip(
     'ray', reason='Ray is not installed: pip install "mmdata_plugin[ray]" '
     '(the tests extra installs it)')
 
 from mmengine.hooks import Hook  # noqa: E402
-from monitor_helpers import train  # noqa: E402
+from monitor_helpers import SleepyCollate, train  # noqa: E402
 
 from mmdata_plugin.data_monitor import format_report  # noqa: E402
 from mmdata_plugin.data_monitor.statistics import StatsBook  # noqa: E402
@@ -129,16 +129,19 @@ def _batch(k: int) -> list:
 
 
 def test_resizing_changes_nothing_in_the_stream(cluster):
-    pool = ActorPool(TensorDataset(torch.arange(64)), default_collate, 1,
+    # 200 ms per batch: a removed actor still has batches to make.
+    pool = ActorPool(TensorDataset(torch.arange(64)), SleepyCollate(200), 1,
                      ON_DATA_NODES, seed=0)
     try:
         stream = RayBatchStream(
             map(_batch, itertools.count()), pool, None, False,
-            wrap=lambda batch, record: (batch[0].tolist(), record['worker']))
+            wrap=lambda batch, record: ([int(i) for i in batch[0]],
+                                        record['worker']))
         got = [next(stream) for _ in range(3)]
         pool.resize(2)
-        while pool.size < 2:  # a new actor joins once started
-            got.append(next(stream))
+        deadline = time.monotonic() + 60
+        while pool.size < 2 and time.monotonic() < deadline:
+            got.append(next(stream))  # a new actor joins once started
         got += [next(stream) for _ in range(8)]
         # A removed actor finishes the batches it was sent.
         pool.resize(1)
@@ -147,11 +150,11 @@ def test_resizing_changes_nothing_in_the_stream(cluster):
         pool.close()
     assert pool.replaced == 0
     assert [batch for batch, _ in got] == [_batch(k) for k in range(len(got))]
-    # The new actor made batches; the removed one made those it had been
-    # sent (4 in flight: nothing produced again), then only the one left
-    # did.
+    # The new actor made batches; the removed one made the 2 of the 4 in
+    # flight it had been sent (none produced again), then only the one
+    # left did.
     assert {slot for _, slot in got[-16:-8]} == {0, 1}
-    assert {slot for _, slot in got[-8:-4]} == {0, 1}
+    assert [slot for _, slot in got[-8:-4]].count(1) == 2
     assert {slot for _, slot in got[-4:]} == {0}
 
 
