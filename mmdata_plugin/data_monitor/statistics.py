@@ -157,10 +157,14 @@ class WorkerRun:
         self.transfer = transfer
         self.slack = slack
         self.cpu = cpu
-        # Batches of Ray data actors name their node and size.
-        self.places = {(record['host'], record['ip'], record['node'])
-                       for record in records if 'node' in record}
-        self.bytes = sum(record.get('bytes', 0) for record in records)
+        # Batches of Ray data actors name their node and size (all records
+        # of a run come from the same kind of producer).
+        if records and 'node' in records[0]:
+            self.places = {(record['host'], record['ip'], record['node'])
+                           for record in records}
+            self.bytes = sum(record['bytes'] for record in records)
+        else:
+            self.places, self.bytes = set(), 0
 
 
 def _is_timed(record: dict) -> bool:
@@ -225,10 +229,10 @@ class StepColumns:
         for group in dict.fromkeys(ids):
             mine = np.flatnonzero(ids_array == group)
             runs[group] = WorkerRun([records[i] for i in mine],
-                                     Series(worker_time[mine]),
-                                     float(transfer[mine].sum()),
-                                     float(slack[mine].sum()),
-                                     float(cpu[mine].sum()))
+                                    Series(worker_time[mine]),
+                                    float(transfer[mine].sum()),
+                                    float(slack[mine].sum()),
+                                    float(cpu[mine].sum()))
         return runs
 
 
