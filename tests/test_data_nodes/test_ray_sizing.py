@@ -168,24 +168,33 @@ class _Monitor:
     def counted_steps(self) -> int:
         return self.total.wait.seen
 
-    def steps(self, count: int, production: float, step: float) -> None:
+    def steps(self, count: int, production: float, step: float,
+              wait: float) -> None:
         for _ in range(count):
             record = dict(pid=1, worker=0, samples=2, start=0.0,
                           end=production, cpu=0.0, timed=False)
-            self.total.add(0.0, step, record, 1.0, 1.0)
+            self.total.add(wait, step, record, 1.0, 1.0)
 
 
 def test_auto_sizing_follows_the_production_and_the_step():
     monitor = _Monitor()
     sizing = _AutoSize(monitor, low=2, high=6, every=5)
-    monitor.steps(4, production=0.040, step=0.010)
-    assert sizing.wanted() is None  # not enough steps yet
-    monitor.steps(1, production=0.040, step=0.010)
-    assert sizing.wanted()[0] == 4
-    monitor.steps(5, production=0.100, step=0.010)
-    assert sizing.wanted()[0] == 6  # at most max_actors
-    monitor.steps(5, production=0.011, step=0.010)
-    assert sizing.wanted()[0] == 2  # shrinks, not below min_actors
+    monitor.steps(4, production=0.040, step=0.010, wait=0.020)
+    assert sizing.wanted(2) is None  # not enough steps yet
+    monitor.steps(1, production=0.040, step=0.010, wait=0.020)
+    assert sizing.wanted(2)[0] == 4  # ceil(40 / 10)
+    monitor.steps(5, production=0.100, step=0.010, wait=0.050)
+    assert sizing.wanted(4)[0] == 6  # at most max_actors
+    # Not waiting: 4 would do, but no growth on a jitter.
+    monitor.steps(5, production=0.040, step=0.010, wait=0.0)
+    assert sizing.wanted(3) is None
+    # Not waiting with many to spare: one kept to spare, at least min.
+    monitor.steps(5, production=0.020, step=0.010, wait=0.0)
+    assert sizing.wanted(6)[0] == 3
+    monitor.steps(5, production=0.005, step=0.010, wait=0.0)
+    assert sizing.wanted(6)[0] == 2
+    monitor.steps(5, production=0.020, step=0.010, wait=0.0)
+    assert sizing.wanted(3) is None  # 2 needed + 1 to spare
 
 
 def test_auto_needs_the_monitor_and_a_max(tmp_path):

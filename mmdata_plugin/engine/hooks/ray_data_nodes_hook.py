@@ -6,7 +6,7 @@ from mmengine.hooks import Hook
 from mmengine.registry import HOOKS
 from torch.utils.data import DataLoader
 
-from ...data_monitor.verdict import workers_needed
+from ...data_monitor.verdict import MODERATE, workers_needed
 from ...data_monitor.worker_timing import MonitoredBatch
 from ...data_nodes import ActorPool, RayBatchStream, connect, import_ray
 from ...utils.dataloader_slots import (dataloader_class_with_iter,
@@ -55,38 +55,59 @@ class _Nodes:
 
 
 class _AutoSize:
-    """``num_actors='auto'``: every ``every`` steps counted by the data
-    monitor, the actors that keep up with the training step
-    (:func:`~mmdata_plugin.data_monitor.verdict.workers_needed` of the
-    actors' mean production time per batch and the mean step over those
-    steps), within ``[low, high]``."""
+    """``num_actors='auto'``: from the steps the data monitor counted since
+    the last decision (at least ``every``), the actors that keep up with
+    the training step (:func:`~mmdata_plugin.data_monitor.verdict.
+    workers_needed` of the actors' mean production time per batch and the
+    mean step), within ``[low, high]``.
+
+    The pool grows to them while the trainer waits (a moderate waiting
+    share, the verdict's 5%), and shrinks, keeping one actor to spare,
+    while it does not: a new actor costs seconds to start, and a
+    measurement on a loaded machine jitters by one.
+    """
 
     def __init__(self, monitor, low: int, high: int, every: int) -> None:
         self.monitor = monitor
         self.low, self.high, self.every = low, high, every
+        self.restart()
+
+    def restart(self) -> None:
+        """Measure from now on (the pool has just changed)."""
         self._mark = self._sums()
 
     def _sums(self) -> tuple:
         book = self.monitor.total
-        return (book.wait.seen, book.worker.total, book.worker.seen,
-                book.compute.total, book.compute.seen)
+        return (book.wait.seen, book.wait.total, book.worker.total,
+                book.worker.seen, book.compute.total, book.compute.seen)
 
-    def wanted(self) -> Optional[tuple]:
-        """``(actors, production ms, step ms)`` once ``every`` more steps
-        were counted (None before, or without a figure)."""
-        if self.monitor.counted_steps - self._mark[0] < self.every:
+    def wanted(self, actors: int) -> Optional[tuple]:
+        """``(actors wanted, production ms, step ms, waiting share)`` when
+        the pool of ``actors`` should change; None otherwise (or before
+        ``every`` more steps were counted)."""
+        steps = self.monitor.counted_steps - self._mark[0]
+        if steps < self.every:
             return None
         now, mark = self._sums(), self._mark
         self._mark = now
-        batches, computes = now[2] - mark[2], now[4] - mark[4]
+        waited, production, batches, compute, computes = (
+            a - b for a, b in zip(now[1:], mark[1:]))
         if not batches or not computes:
             return None
-        production = 1e3 * (now[1] - mark[1]) / batches
-        step = 1e3 * (now[3] - mark[3]) / computes
+        production, step = 1e3 * production / batches, 1e3 * compute / computes
         needed = workers_needed(production, step)
         if needed is None:
             return None
-        return min(max(needed, self.low), self.high), production, step
+        share = 1e3 * waited / (1e3 * waited + step * steps)
+        if share >= MODERATE and needed > actors:
+            wanted = min(needed, self.high)
+        elif share < MODERATE and needed + 1 < actors:
+            wanted = max(needed + 1, self.low)
+        else:
+            return None
+        if wanted == actors:
+            return None
+        return wanted, production, step, share
 
 
 @HOOKS.register_module()
@@ -261,15 +282,19 @@ class RayDataNodesHook(Hook):
                 return
             self._sizing = _AutoSize(monitor, self.min_actors,
                                      self.max_actors, self.resize_every)
-        wanted = self._sizing.wanted()
-        if wanted is None or wanted[0] == self.pool.target:
+        if self.pool.size < self.pool.target:
+            # New actors are starting: measure the pool once they work.
+            self._sizing.restart()
             return
-        actors, production, step = wanted
+        wanted = self._sizing.wanted(self.pool.size)
+        if wanted is None:
+            return
+        actors, production, step, share = wanted
         runner.logger.info(
-            f'RayDataNodesHook: {self.pool.target} -> {actors} data actors '
+            f'RayDataNodesHook: {self.pool.size} -> {actors} data actors '
             f'(a batch takes {production:.1f} ms of an actor, a training '
-            f'step {step:.1f} ms; within {self.min_actors}-'
-            f'{self.max_actors}).')
+            f'step {step:.1f} ms, {100 * share:.0f}% of the time waiting '
+            f'for data; within {self.min_actors}-{self.max_actors}).')
         self.pool.resize(actors)
         self._nodes.resizes.append(dict(iteration=runner.iter + 1,
                                         actors=actors))
