@@ -98,18 +98,42 @@ def find_bottleneck(rank: dict, num_workers: int):
     over ``num_workers``). Its share is then of the step time.
     """
     costs = stage_costs(rank)
-    if not costs or not rank['worker']['mean']:
+    if not rank['worker']['mean']:
         return None, 0.0
-    key = max(costs, key=costs.get)
     transfer = rank['transfer']['mean']
     delivery = rank['worker']['mean'] / num_workers if num_workers else 0.0
     if batches_were_early(rank) or (num_workers and transfer > delivery):
         step = rank['wait']['mean'] + rank['compute']['mean']
         return 'transfer', transfer / step if step else 0.0
+    if not costs:  # no stage timed (Ray data actors, or not yet)
+        return None, 0.0
+    key = max(costs, key=costs.get)
     return key, costs[key] / rank['worker']['mean']
 
 
+def _ray_transfer_advice(rank: dict) -> str:
+    """The hand-over of batches made by Ray data actors."""
+    nodes = rank.get('nodes') or []
+    moved = sum(n['bytes'] * n['batches'] for n in nodes)
+    took = sum(n['transfer'] * n['batches'] for n in nodes) / 1e3
+    rate = (f' ({moved / max(took, 1e-12) / 1e9:.2f} GB/s)'
+            if moved else '')
+    early = (f"Batches were ready {rank['slack']['p50']:.0f} ms before the "
+             'step asked for them (median): the actors keep up, so more '
+             'actors will not shorten the wait. '
+             ) if batches_were_early(rank) else ''
+    return (f"Moving a batch from the Ray data actors takes "
+            f"{rank['transfer']['mean']:.1f} ms{rate}: Ray's copy into its "
+            'object store and, from another node, the network. '
+            f"{early}An actor on the trainer's node hands its batch over "
+            'without a copy (give that node CPUs and the resources the '
+            'actors ask for); across nodes, a faster network or smaller '
+            'batches (uint8 images, cropped on the data nodes) shorten it.')
+
+
 def _transfer_advice(rank: dict, context: dict) -> str:
+    if context.get('data_nodes'):
+        return _ray_transfer_advice(rank)
     ms, slack = rank['transfer']['mean'], rank['slack']['p50']
     pinned = context.get('pin_memory')
     how = ('every tensor comes through shared memory, is unpickled' +
@@ -253,8 +277,8 @@ def _actor_advice(rank: dict, nodes: dict, needed: Optional[int],
                     f'needed ({basis}); fewer actors would free CPUs on '
                     'the data nodes.')
         return None
-    if needed <= actors:
-        return None
+    if needed <= actors or batches_were_early(rank):
+        return None  # enough actors, or the hand-over is what is slow
     return (f'Raise num_actors from {actors} to {needed}: {basis}, so '
             f"{needed} actors keep up (or num_actors='auto' with "
             f'max_actors={needed}: sized while training).')

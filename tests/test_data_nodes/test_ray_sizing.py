@@ -17,7 +17,8 @@ pytest.importorskip(
 from mmengine.hooks import Hook  # noqa: E402
 from monitor_helpers import SleepyCollate, train  # noqa: E402
 
-from mmdata_plugin.data_monitor import format_report  # noqa: E402
+from mmdata_plugin.data_monitor import (build_report,  # noqa: E402
+                                        format_report)
 from mmdata_plugin.data_monitor.statistics import StatsBook  # noqa: E402
 from mmdata_plugin.data_nodes import ActorPool, RayBatchStream  # noqa: E402
 from mmdata_plugin.engine import (DataMonitorHook,  # noqa: E402
@@ -195,6 +196,47 @@ def test_auto_sizing_follows_the_production_and_the_step():
     assert sizing.wanted(6)[0] == 2
     monitor.steps(5, production=0.020, step=0.010, wait=0.0)
     assert sizing.wanted(3) is None  # 2 needed + 1 to spare
+
+
+def _ray_report(wait_ms: float, compute_ms: float, slack_ms: float) -> dict:
+    """A report of 40 steps of batches made in 100 ms by 2 Ray actors
+    on one node, each batch ready ``slack_ms`` before it was asked for
+    (negative: after) and taken in ``wait_ms``."""
+    book, clock = StatsBook(), 0.0
+    for step in range(40):
+        end = clock + 0.1
+        requested = end + slack_ms / 1e3
+        record = dict(pid=7 + step % 2, worker=step % 2, samples=32,
+                      start=clock, end=end, cpu=0.05, timed=False,
+                      node='n' * 56, ip='10.0.0.2', host='data-2',
+                      bytes=38_535_168)
+        book.add(wait_ms / 1e3, compute_ms / 1e3, record, requested,
+                 requested + wait_ms / 1e3)
+        clock = requested + 1.0
+    summary = dict(book.summary(), rank=0, skipped=0, timeline=[],
+                   pipelines=[], startup=dict(count=1, wait=book.wait
+                                              .describe()))
+    data_nodes = dict(num_actors=2, min_actors=None, max_actors=None,
+                      max_inflight=None, actors=2, resizes=[])
+    summary['context'] = dict(num_workers=2, cpus=2, data_nodes=data_nodes)
+    return build_report([summary])
+
+
+def test_a_slow_transfer_from_the_actors_is_named_not_more_actors():
+    # Ready 300 ms early, 48 ms to move: the network, not the actors.
+    report = _ray_report(wait_ms=48.0, compute_ms=30.0, slack_ms=300.0)
+    verdict = report['verdict']
+    assert verdict['bottleneck'] == 'transfer'
+    assert verdict['actors_needed'] == 4  # ceil(100 / 30), yet no advice
+    advice = {a['topic']: a['text'] for a in report['advice']}
+    assert 'actors' not in advice
+    assert advice['stage'].startswith(
+        'Moving a batch from the Ray data actors takes 48.0 ms (0.80 GB/s)')
+    assert 'more actors will not shorten the wait' in advice['stage']
+    # Ready late: the actors are short.
+    report = _ray_report(wait_ms=48.0, compute_ms=30.0, slack_ms=-45.0)
+    assert report['verdict']['bottleneck'] is None
+    assert [a['topic'] for a in report['advice']] == ['actors']
 
 
 def test_auto_needs_the_monitor_and_a_max(tmp_path):
