@@ -223,6 +223,19 @@ def _stage_advice(key: str, rank: dict, context: dict) -> Optional[str]:
             'deterministic part offline.')
 
 
+def _count_verdict(rank: dict, count: int, needed: int,
+                   level: str) -> Optional[str]:
+    """Whether ``count`` producers (workers, actors) are a ``'surplus'``
+    (the loader keeps up with more than one to spare) or ``'short'`` (it
+    does not, and batches were not ready early: the hand-over is not what
+    is slow); None when neither."""
+    if level == 'none':
+        return 'surplus' if count > needed + 1 else None
+    if needed <= count or batches_were_early(rank):
+        return None
+    return 'short'
+
+
 def _worker_advice(rank: dict, context: dict, needed: Optional[int],
                    level: str) -> Optional[str]:
     workers = context.get('num_workers', 0)
@@ -236,14 +249,13 @@ def _worker_advice(rank: dict, context: dict, needed: Optional[int],
     cpu_share = rank.get('cpu_share') or 1.0
     basis = (f'a batch takes {worker_ms:.1f} ms of one worker and a '
              f'training step {compute_ms:.1f} ms')
-    if level == 'none':
-        if workers > needed + 1:
-            return (f'num_workers={workers} is more than the {needed} '
-                    f'needed ({basis}); fewer workers would save memory and '
-                    'CPU.')
+    count = _count_verdict(rank, workers, needed, level)
+    if count == 'surplus':
+        return (f'num_workers={workers} is more than the {needed} '
+                f'needed ({basis}); fewer workers would save memory and '
+                'CPU.')
+    if count is None:
         return None
-    if needed <= workers or batches_were_early(rank):
-        return None  # enough workers, or the hand-over is what is slow
     if needed * cpu_share > per_rank:
         return (f'{needed} workers would keep up ({basis}), but there are '
                 f'{cores} cores for {local_ranks} rank(s) here: make the '
@@ -271,14 +283,13 @@ def _actor_advice(rank: dict, nodes: dict, needed: Optional[int],
         return (f"num_actors='auto' sizes the pool to the {needed} "
                 f'actor(s) that keep up ({basis}); {actors} now, within '
                 f'{low}-{high}.')
-    if level == 'none':
-        if actors > needed + 1:
-            return (f'num_actors={actors} is more than the {needed} '
-                    f'needed ({basis}); fewer actors would free CPUs on '
-                    'the data nodes.')
+    count = _count_verdict(rank, actors, needed, level)
+    if count == 'surplus':
+        return (f'num_actors={actors} is more than the {needed} needed '
+                f'({basis}); fewer actors would free CPUs on the data '
+                'nodes.')
+    if count is None:
         return None
-    if needed <= actors or batches_were_early(rank):
-        return None  # enough actors, or the hand-over is what is slow
     return (f'Raise num_actors from {actors} to {needed}: {basis}, so '
             f"{needed} actors keep up (or num_actors='auto' with "
             f'max_actors={needed}: sized while training).')

@@ -1,6 +1,8 @@
-"""The loopback Ray cluster the data-node tests train on: one per test
-module, so that what a module does to its cluster (a node removed) cannot
-reach another module's tests."""
+"""The loopback Ray clusters the data-node tests train on: one shared by
+the modules of this folder (``cluster``), and a module's own
+(``own_cluster``) for a test that changes its cluster (a node removed), so
+that no other test sees the change."""
+import contextlib
 import os
 import os.path as osp
 
@@ -23,18 +25,23 @@ _CLUSTER_ENV = {
 }
 
 
-@pytest.fixture(scope='module')
-def cluster():
+def _add_data_nodes(nodes, count: int) -> None:
+    for _ in range(count):
+        nodes.add_node(num_cpus=2, resources=dict(data_node=2))
+
+
+@contextlib.contextmanager
+def _loopback_cluster():
     """A head (1 CPU) and two data nodes (2 CPUs, ``data_node=2`` each),
     ``ray.cluster_utils.Cluster``; this process is connected to it."""
     ray = pytest.importorskip('ray')
     from ray.cluster_utils import Cluster
     previous = {name: os.environ.get(name) for name in _CLUSTER_ENV}
     os.environ.update(_CLUSTER_ENV)
-    nodes = Cluster(initialize_head=True, head_node_args=dict(num_cpus=1))
+    nodes = Cluster(initialize_head=True,
+                    head_node_args=dict(num_cpus=1, include_dashboard=False))
     try:
-        for _ in range(2):
-            nodes.add_node(num_cpus=2, resources=dict(data_node=2))
+        _add_data_nodes(nodes, 2)
         ray.init(address=nodes.address, include_dashboard=False,
                  log_to_driver=False, configure_logging=False)
         nodes.wait_for_nodes()
@@ -47,3 +54,35 @@ def cluster():
                 os.environ.pop(name)
             else:
                 os.environ[name] = value
+
+
+@pytest.fixture(scope='package')
+def cluster():
+    """The cluster the modules of this folder share."""
+    with _loopback_cluster() as nodes:
+        yield nodes
+
+
+@pytest.fixture(scope='module')
+def module_cluster():
+    """A cluster for this module alone. The shared one, if started, stays
+    up meanwhile and is connected to again afterwards."""
+    ray = pytest.importorskip('ray')
+    shared = (ray.get_runtime_context().gcs_address
+              if ray.is_initialized() else None)
+    ray.shutdown()
+    try:
+        with _loopback_cluster() as nodes:
+            yield nodes
+    finally:
+        if shared is not None:
+            ray.init(address=shared, include_dashboard=False,
+                     log_to_driver=False, configure_logging=False)
+
+
+@pytest.fixture
+def own_cluster(module_cluster):
+    """This module's cluster with its two data nodes (a node a test removed
+    is replaced by a new one)."""
+    _add_data_nodes(module_cluster, 2 - len(module_cluster.worker_nodes))
+    return module_cluster

@@ -13,20 +13,49 @@ import signal
 
 import pytest
 
-pytest.importorskip(
+# Every node and the driver name themselves 127.0.0.1 (read when Ray is
+# imported): all cluster traffic stays on loopback.
+os.environ['RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER'] = '0'
+ray = pytest.importorskip(
     'ray', reason='Ray is not installed: pip install "mmdata_plugin[ray]" '
     '(the tests extra installs it)')
 
+from helpers import REPO_ROOT  # noqa: E402
 from mmengine.hooks import Hook  # noqa: E402
 from monitor_helpers import train  # noqa: E402
+from ray.cluster_utils import Cluster  # noqa: E402
 
 from mmdata_plugin.data_nodes import NodeReport, check_node  # noqa: E402
 from mmdata_plugin.engine import RayDataNodesHook  # noqa: E402
+from mmdata_plugin.testing import python_path  # noqa: E402
 
 FAST_RESUME = dict(type='FastResumeIterBasedTrainLoop', max_iters=10)
 CHECKPOINT_AT_5 = dict(
     checkpoint=dict(type='CheckpointHook', interval=5, by_epoch=False))
 ON_DATA_NODES = dict(num_cpus=0.5, resources=dict(data_node=0.5))
+
+
+@pytest.fixture(scope='module')
+def cluster():
+    previous = os.environ.get('PYTHONPATH')
+    # Actors import this working tree and the tests' helper modules.
+    os.environ['PYTHONPATH'] = python_path(REPO_ROOT,
+                                           osp.join(REPO_ROOT, 'tests'))
+    nodes = Cluster(initialize_head=True, head_node_args=dict(num_cpus=1))
+    try:
+        for _ in range(2):
+            nodes.add_node(num_cpus=2, resources=dict(data_node=2))
+        ray.init(address=nodes.address, include_dashboard=False,
+                 log_to_driver=False, configure_logging=False)
+        nodes.wait_for_nodes()
+        yield nodes
+    finally:
+        ray.shutdown()
+        nodes.shutdown()
+        if previous is None:
+            os.environ.pop('PYTHONPATH')
+        else:
+            os.environ['PYTHONPATH'] = previous
 
 
 def _train(work_dir, hook=None, more_hooks=(), **kwargs):
