@@ -103,6 +103,8 @@ def loader_context(loader: DataLoader) -> dict:
         context = context.get_start_method()
     start_method = context or multiprocessing.get_start_method(
         allow_none=True) or multiprocessing.get_all_start_methods()[0]
+    # RayDataNodesHook: Ray actors make the batches, not local workers.
+    data_nodes = getattr(loader, '_ray_data_nodes', None)
     return dict(
         num_workers=loader.num_workers,
         batch_size=loader.batch_size,
@@ -115,7 +117,8 @@ def loader_context(loader: DataLoader) -> dict:
         cpus=cpus,
         host=socket.gethostname(),
         collate=collate_name(loader.collate_fn),
-        device_feed=hasattr(loader, '_device_feed'))
+        device_feed=hasattr(loader, '_device_feed'),
+        data_nodes=None if data_nodes is None else data_nodes.context())
 
 
 def collate_name(collate) -> str:

@@ -87,10 +87,18 @@ def plot_report(report: dict,
     grid = fig.add_gridspec(3, 2, width_ratios=(3, 2),
                             height_ratios=(4, 3, 3))
     over_time = fig.add_subplot(grid[0, 0])
-    _plot_breakdown(over_time, fig.add_subplot(grid[0, 1]), rank,
-                    report['context']['num_workers'])
+    data_nodes = report['context'].get('data_nodes')
+    if data_nodes:
+        _plot_production(over_time, fig.add_subplot(grid[0, 1]), rank,
+                         data_nodes)
+    else:
+        _plot_breakdown(over_time, fig.add_subplot(grid[0, 1]), rank,
+                        report['context']['num_workers'])
     _plot_steps(fig.add_subplot(grid[1, 0], sharex=over_time), rank)
-    _plot_workers(fig.add_subplot(grid[1, 1]), rank)
+    if 'nodes' in rank:
+        _plot_nodes(fig.add_subplot(grid[1, 1]), rank)
+    else:
+        _plot_workers(fig.add_subplot(grid[1, 1]), rank)
     _plot_ranks(fig.add_subplot(grid[2, 0]), report)
     _write_advice(fig.add_subplot(grid[2, 1]), report)
     fig.suptitle(
@@ -164,6 +172,64 @@ def _plot_breakdown(ax, legend_ax, rank: dict, workers: int) -> None:
         title='stages (self time), top to bottom',
         title_fontsize=FONT,
         frameon=False)
+
+
+def _actors_at(step: int, data_nodes: dict) -> int:
+    """The actors sized for ``step`` (``context.data_nodes``)."""
+    actors = data_nodes['num_actors']
+    if actors == 'auto':
+        actors = data_nodes['min_actors']
+    for resize in data_nodes['resizes']:
+        if resize['iteration'] <= step:
+            actors = resize['actors']
+    return actors
+
+
+def _plot_production(ax, legend_ax, rank: dict, data_nodes: dict) -> None:
+    """RayDataNodesHook: an actor's time per batch and the batch's
+    transfer over time (the actors' stages are not timed), against the
+    time a batch may take with the actors of the pool."""
+    _style(ax, f"Ray data actors: time per batch (rank {rank['rank']})",
+           'iteration', 'ms per batch')
+    _integer_steps(ax)
+    legend_ax.axis('off')
+    points = rank['timeline']
+    if not points:
+        ax.text(0.5, 0.5, 'no timeline point yet', ha='center',
+                transform=ax.transAxes, fontsize=FONT)
+        return
+    steps = [p['step'] for p in points]
+    ax.stackplot(steps, [p['worker'] for p in points],
+                 [p['transfer'] for p in points],
+                 labels=['production on one actor', 'transfer to the trainer'],
+                 colors=[BASE_COLORS['transforms'], BASE_COLORS['collate']])
+    ax.plot(steps,
+            [p['compute'] * _actors_at(p['step'], data_nodes)
+             for p in points],
+            color='black', ls='--', lw=2,
+            label='in-time limit: actors x compute per step')
+    ax.set_xlim(min(steps), max(steps) if len(steps) > 1 else steps[0] + 1)
+    legend_ax.legend(*ax.get_legend_handles_labels(), loc='center left',
+                     fontsize=FONT, frameon=False)
+
+
+def _plot_nodes(ax, rank: dict) -> None:
+    """RayDataNodesHook: per data node, production and transfer."""
+    _style(ax, 'Per data node: mean ms per batch', 'ms per batch')
+    ax.grid(axis='x', color='#e0e0e0', lw=0.8)
+    ax.grid(axis='y', visible=False)
+    nodes = rank['nodes']
+    labels = [f"{n['host']} {n['ip']} {n['node'][:8]}\n"
+              f"{n['gbps']:.3g} GB/s" for n in nodes]
+    production = [n['time']['mean'] for n in nodes]
+    ax.barh(labels, production, height=0.6,
+            color=BASE_COLORS['transforms'], label='production (actor)')
+    ax.barh(labels, [n['transfer'] for n in nodes], left=production,
+            height=0.6, color=BASE_COLORS['collate'],
+            label='transfer to the trainer')
+    ax.invert_yaxis()
+    ax.set_ylim(len(nodes) - 0.5, -1.3)  # room for the legend on top
+    ax.legend(fontsize=FONT - 1, loc='upper left', ncol=2, frameon=False)
 
 
 def _plot_steps(ax, rank: dict) -> None:

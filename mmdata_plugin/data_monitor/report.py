@@ -51,8 +51,9 @@ def format_stage_table(rank: dict) -> str:
     body = [(name, s['mean'], s['p50'], s['p90'], f"{100 * s['share']:.0f}%")
             for name, s in rows]
     worker = rank['worker']
-    body.append(('= worker time per batch', worker['mean'], worker['p50'],
-                 worker['p90'], '100%'))
+    producer = 'actor' if 'nodes' in rank else 'worker'
+    body.append((f'= {producer} time per batch', worker['mean'],
+                 worker['p50'], worker['p90'], '100%'))
     for name in ('transfer', 'wait', 'compute'):
         s = rank[name]
         body.append(
@@ -72,8 +73,41 @@ def format_throughput(rank: dict) -> str:
             'wall time)')
 
 
+def format_actor_table(rank: dict, title: str = '') -> str:
+    """One row per Ray data actor slot (RayDataNodesHook): where, how long
+    a batch took it, and its transfer to the training process."""
+    rows = [(str(w['worker']), ','.join(
+        f'{ip} {node[:8]}' for ip, node in zip(w['ips'], w['nodes'])),
+             ','.join(
+        map(str, w['pids'])), str(w['batches']), w['time']['mean'],
+             w['time']['p90'], w['transfer'], f"{w['bytes'] / 1e6:.3g}",
+             f"{w['gbps']:.3g}", w['slack'], f"{100 * w['cpu_share']:.0f}%")
+            for w in rank['workers']]
+    return text_table(
+        ('actor', 'node', 'pid', 'batches', 'mean', 'p90', 'transfer', 'MB',
+         'GB/s', 'slack', 'cpu'), rows, title or
+        f"Per data actor (rank {rank['rank']}, ms per batch):", left=(0, 1))
+
+
+def format_node_table(rank: dict) -> str:
+    """One row per Ray data node: production time per batch of its
+    actors, and the transfer of their batches to the training process."""
+    rows = [(n['host'], f"{n['ip']} {n['node'][:8]}", str(n['processes']),
+             str(n['batches']),
+             n['time']['mean'], n['time']['p90'], n['transfer'],
+             f"{n['gbps']:.3g}", f"{100 * n['cpu_share']:.0f}%")
+            for n in rank['nodes']]
+    return text_table(
+        ('host', 'node', 'actors', 'batches', 'production', 'p90',
+         'transfer', 'GB/s', 'cpu'), rows,
+        f"Per data node (rank {rank['rank']}, ms per batch):", left=(0, 1))
+
+
 def format_worker_table(rank: dict, title: str = '') -> str:
-    """One row per DataLoader worker (``main`` without workers)."""
+    """One row per DataLoader worker (``main`` without workers), or per
+    Ray data actor."""
+    if 'nodes' in rank:
+        return format_actor_table(rank, title)
     rows = []
     for w in rank['workers']:
         stages, time = w['stages'], w['time']
@@ -102,7 +136,13 @@ def format_rank_table(report: dict) -> str:
 
 def format_context(report: dict) -> str:
     c = report['context']
-    if c['num_workers']:
+    nodes = c.get('data_nodes')
+    if nodes:
+        sized = (f", auto within {nodes['min_actors']}-"
+                 f"{nodes['max_actors']}"
+                 if nodes['num_actors'] == 'auto' else '')
+        workers = f"{nodes['actors']} Ray data actors{sized}"
+    elif c['num_workers']:
         workers = (f"{c['num_workers']} workers ({c['start_method']}, "
                    f"{'' if c['persistent_workers'] else 'not '}persistent, "
                    f"prefetch_factor={c['prefetch_factor']})")
@@ -131,6 +171,8 @@ def format_report(report: dict, rank: Optional[int] = None) -> str:
         if 'throughput' in rank:  # reports written before it was added
             parts.append(format_throughput(rank))
         parts += [format_stage_table(rank), format_worker_table(rank)]
+        if 'nodes' in rank:
+            parts.append(format_node_table(rank))
     if len(report['ranks']) > 1:
         parts.append(format_rank_table(report))
     parts.append(report['verdict']['summary'])

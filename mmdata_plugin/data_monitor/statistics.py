@@ -13,7 +13,7 @@ was timed, reported with their standard error (``stderr``).
 import math
 from collections import defaultdict
 from operator import itemgetter, mul, sub
-from typing import Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -141,7 +141,8 @@ class Series:
 
 
 class WorkerRun:
-    """The batches of one worker process within a run of steps.
+    """The batches of one worker process within a run of steps (or of one
+    Ray data actor, or made on one data node).
 
     Args:
         pids (set): Their processes' ids.
@@ -150,18 +151,40 @@ class WorkerRun:
         transfer (float): Their transfer times' sum.
         slack (float): Their slacks' sum.
         cpu (float): Their CPU times' sum.
+        places (set, optional): ``(host, ip, node)`` of the Ray data actors
+            that made them; empty for DataLoader workers.
+        nbytes (int): Their blocks' bytes (Ray data actors). Defaults to 0.
     """
 
-    __slots__ = ('pids', 'timed', 'time', 'transfer', 'slack', 'cpu')
+    __slots__ = ('pids', 'timed', 'time', 'transfer', 'slack', 'cpu',
+                 'places', 'bytes')
 
-    def __init__(self, pids: set, timed: List[dict], time: Series,
-                 transfer: float, slack: float, cpu: float) -> None:
+    def __init__(self,
+                 pids: set,
+                 timed: List[dict],
+                 time: Series,
+                 transfer: float,
+                 slack: float,
+                 cpu: float,
+                 places: Optional[set] = None,
+                 nbytes: int = 0) -> None:
         self.pids = pids
         self.timed = timed
         self.time = time
         self.transfer = transfer
         self.slack = slack
         self.cpu = cpu
+        self.places = places or set()
+        self.bytes = nbytes
+
+
+def _made_where(records: List[dict]) -> tuple:
+    """``(places, bytes)`` of batches made by Ray data actors (a run's
+    records all come from one kind of producer); empty for workers."""
+    if not records or 'node' not in records[0]:
+        return set(), 0
+    return ({(record['host'], record['ip'], record['node'])
+             for record in records}, sum(record['bytes'] for record in records))
 
 
 def _is_timed(record: dict) -> bool:
@@ -211,41 +234,51 @@ class StepColumns:
         self.samples = sum(samples)
         self.cpu = sum(cpu)
         self.timed = [record for record in records if _is_timed(record)]
-        self.workers = self._by_worker(records, ids, pids, worker_time,
-                                       transfer, slack, cpu)
+        figures = (records, pids, worker_time, transfer, slack, cpu)
+        self.workers = self._by(ids, *figures)
+        # Per node: the batches of Ray data actors.
+        self.nodes = self._by([record['node'] for record in records],
+                              *figures) if records and (
+                                  'node' in records[0]) else {}
 
-    def _by_worker(self, records: List[dict], ids: tuple, pids: tuple,
-                   worker_time: list, transfer: list, slack: list,
-                   cpu: tuple) -> Dict[int, WorkerRun]:
-        if not ids:
+    def _by(self, groups: Sequence, records: List[dict], pids: tuple,
+            worker_time: list, transfer: list, slack: list,
+            cpu: tuple) -> Dict[Any, WorkerRun]:
+        """The records' figures grouped by ``groups`` (a key per record:
+        its worker, or its data node)."""
+        if not groups:
             return {}
-        if ids.count(ids[0]) == len(ids):  # one worker, or none: no split
+        if groups.count(groups[0]) == len(groups):  # one group: no split
             return {
-                ids[0]:
+                groups[0]:
                 WorkerRun(set(pids), self.timed, self.worker,
-                          self.transfer.total, self.slack.total, self.cpu)
+                          self.transfer.total, self.slack.total, self.cpu,
+                          *_made_where(records))
             }
-        positions: Dict[int, List[int]] = {}
-        for position, worker in enumerate(ids):
-            positions.setdefault(worker, []).append(position)
+        positions: Dict[Any, List[int]] = {}
+        for position, group in enumerate(groups):
+            positions.setdefault(group, []).append(position)
         runs = {}
-        for worker, mine in positions.items():
-            timed = [records[i] for i in mine if _is_timed(records[i])]
-            runs[worker] = WorkerRun({pids[i]
-                                      for i in mine}, timed,
-                                     Series([worker_time[i] for i in mine]),
-                                     sum(transfer[i] for i in mine),
-                                     sum(slack[i] for i in mine),
-                                     sum(cpu[i] for i in mine))
+        for group, mine in positions.items():
+            mine_records = [records[i] for i in mine]
+            runs[group] = WorkerRun(
+                {pids[i]
+                 for i in mine}, [r for r in mine_records if _is_timed(r)],
+                Series([worker_time[i] for i in mine]),
+                sum(transfer[i] for i in mine), sum(slack[i] for i in mine),
+                sum(cpu[i] for i in mine), *_made_where(mine_records))
         return runs
 
 
 class WorkerStats:
-    """Batches produced by one worker process."""
+    """Batches produced by one worker process (or Ray data actor, or on
+    one data node)."""
 
     def __init__(self, capacity: int) -> None:
         self.time = SampleBuffer(capacity)
         self.pids = set()
+        self.places = set()
+        self.bytes = 0
         self.stage_totals: Dict[str, float] = defaultdict(float)
         self.timed = 0
         self.transfer = 0.0
@@ -263,6 +296,8 @@ class WorkerStats:
         self.transfer += run.transfer
         self.slack += run.slack
         self.cpu += run.cpu
+        self.places |= run.places
+        self.bytes += run.bytes
 
     def summary(self, worker: int) -> dict:
         batches = self.time.seen
@@ -273,6 +308,7 @@ class WorkerStats:
         timed = max(self.timed, 1)
         return dict(
             worker=worker,
+            **self._place(batches),
             # Non-persistent workers get a new process every epoch.
             pids=sorted(self.pids)[-8:],
             processes=len(self.pids),
@@ -284,6 +320,27 @@ class WorkerStats:
             transfer=1e3 * self.transfer / batches,
             slack=1e3 * self.slack / batches,
             cpu_share=self.cpu / max(self.time.total, 1e-12))
+
+    def _place(self, batches: int) -> dict:
+        """Where the batches of Ray data actors were made, their size and
+        the rate of their transfer (nothing for local workers)."""
+        if not self.places:
+            return {}
+        hosts, ips, nodes = zip(*sorted(self.places))
+        return dict(
+            hosts=list(hosts),
+            ips=list(ips),
+            nodes=list(nodes),
+            bytes=self.bytes / batches,
+            gbps=self.bytes / max(self.transfer, 1e-12) / 1e9)
+
+    def node_summary(self, node: str) -> dict:
+        """The figures of the batches made on ``node`` (a Ray node id)."""
+        summary = self.summary(-1)
+        for key in ('worker', 'stages', 'timed_batches', 'nodes'):
+            del summary[key]
+        return dict(summary, node=node, host=summary.pop('hosts')[0],
+                    ip=summary.pop('ips')[0])
 
 
 class StatsBook:
@@ -302,6 +359,7 @@ class StatsBook:
         self.slack = SampleBuffer(capacity)
         self.stages: Dict[str, SampleBuffer] = {}
         self.workers: Dict[int, WorkerStats] = {}
+        self.nodes: Dict[str, WorkerStats] = {}
         self.samples = 0
         self.timed = 0
         self.timed_samples = 0
@@ -347,12 +405,14 @@ class StatsBook:
         self.cpu += columns.cpu
         for record in columns.timed:
             self._add_stages(record)
-        for worker, run in columns.workers.items():
-            stats = self.workers.get(worker)
-            if stats is None:
-                stats = self.workers[worker] = WorkerStats(
-                    min(self.capacity, 1024))
-            stats.add_run(run)
+        for groups, runs in ((self.workers, columns.workers),
+                             (self.nodes, columns.nodes)):
+            for group, run in runs.items():
+                stats = groups.get(group)
+                if stats is None:
+                    stats = groups[group] = WorkerStats(
+                        min(self.capacity, 1024))
+                stats.add_run(run)
 
     def _add_stages(self, record: dict) -> None:
         self.timed += 1
@@ -449,4 +509,14 @@ class StatsBook:
             workers=[
                 stats.summary(worker)
                 for worker, stats in sorted(self.workers.items())
-            ])
+            ],
+            **self._node_summaries())
+
+    def _node_summaries(self) -> dict:
+        """``nodes``: per Ray data node (nothing with local workers)."""
+        if not self.nodes:
+            return {}
+        return dict(nodes=[
+            stats.node_summary(node)
+            for node, stats in sorted(self.nodes.items())
+        ])

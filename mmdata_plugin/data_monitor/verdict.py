@@ -98,18 +98,42 @@ def find_bottleneck(rank: dict, num_workers: int):
     over ``num_workers``). Its share is then of the step time.
     """
     costs = stage_costs(rank)
-    if not costs or not rank['worker']['mean']:
+    if not rank['worker']['mean']:
         return None, 0.0
-    key = max(costs, key=costs.get)
     transfer = rank['transfer']['mean']
     delivery = rank['worker']['mean'] / num_workers if num_workers else 0.0
     if batches_were_early(rank) or (num_workers and transfer > delivery):
         step = rank['wait']['mean'] + rank['compute']['mean']
         return 'transfer', transfer / step if step else 0.0
+    if not costs:  # no stage timed (Ray data actors, or not yet)
+        return None, 0.0
+    key = max(costs, key=costs.get)
     return key, costs[key] / rank['worker']['mean']
 
 
+def _ray_transfer_advice(rank: dict) -> str:
+    """The hand-over of batches made by Ray data actors."""
+    nodes = rank.get('nodes') or []
+    moved = sum(n['bytes'] * n['batches'] for n in nodes)
+    took = sum(n['transfer'] * n['batches'] for n in nodes) / 1e3
+    rate = (f' ({moved / max(took, 1e-12) / 1e9:.2f} GB/s)'
+            if moved else '')
+    early = (f"Batches were ready {rank['slack']['p50']:.0f} ms before the "
+             'step asked for them (median): the actors keep up, so more '
+             'actors will not shorten the wait. '
+             ) if batches_were_early(rank) else ''
+    return (f"Moving a batch from the Ray data actors takes "
+            f"{rank['transfer']['mean']:.1f} ms{rate}: Ray's copy into its "
+            'object store and, from another node, the network. '
+            f"{early}An actor on the trainer's node hands its batch over "
+            'without a copy (give that node CPUs and the resources the '
+            'actors ask for); across nodes, a faster network or smaller '
+            'batches (uint8 images, cropped on the data nodes) shorten it.')
+
+
 def _transfer_advice(rank: dict, context: dict) -> str:
+    if context.get('data_nodes'):
+        return _ray_transfer_advice(rank)
     ms, slack = rank['transfer']['mean'], rank['slack']['p50']
     pinned = context.get('pin_memory')
     how = ('every tensor comes through shared memory, is unpickled' +
@@ -199,6 +223,19 @@ def _stage_advice(key: str, rank: dict, context: dict) -> Optional[str]:
             'deterministic part offline.')
 
 
+def _count_verdict(rank: dict, count: int, needed: int,
+                   level: str) -> Optional[str]:
+    """Whether ``count`` producers (workers, actors) are a ``'surplus'``
+    (the loader keeps up with more than one to spare) or ``'short'`` (it
+    does not, and batches were not ready early: the hand-over is not what
+    is slow); None when neither."""
+    if level == 'none':
+        return 'surplus' if count > needed + 1 else None
+    if needed <= count or batches_were_early(rank):
+        return None
+    return 'short'
+
+
 def _worker_advice(rank: dict, context: dict, needed: Optional[int],
                    level: str) -> Optional[str]:
     workers = context.get('num_workers', 0)
@@ -212,14 +249,13 @@ def _worker_advice(rank: dict, context: dict, needed: Optional[int],
     cpu_share = rank.get('cpu_share') or 1.0
     basis = (f'a batch takes {worker_ms:.1f} ms of one worker and a '
              f'training step {compute_ms:.1f} ms')
-    if level == 'none':
-        if workers > needed + 1:
-            return (f'num_workers={workers} is more than the {needed} '
-                    f'needed ({basis}); fewer workers would save memory and '
-                    'CPU.')
+    count = _count_verdict(rank, workers, needed, level)
+    if count == 'surplus':
+        return (f'num_workers={workers} is more than the {needed} '
+                f'needed ({basis}); fewer workers would save memory and '
+                'CPU.')
+    if count is None:
         return None
-    if needed <= workers or batches_were_early(rank):
-        return None  # enough workers, or the hand-over is what is slow
     if needed * cpu_share > per_rank:
         return (f'{needed} workers would keep up ({basis}), but there are '
                 f'{cores} cores for {local_ranks} rank(s) here: make the '
@@ -227,6 +263,36 @@ def _worker_advice(rank: dict, context: dict, needed: Optional[int],
     keep_up = '1 worker keeps' if needed == 1 else f'{needed} workers keep'
     return (f'Raise num_workers from {workers} to {needed}: {basis}, so '
             f'{keep_up} up.')
+
+
+def _actor_advice(rank: dict, nodes: dict, needed: Optional[int],
+                  level: str) -> Optional[str]:
+    """The Ray data actors that keep up: sized by ``num_actors='auto'``
+    or to set (``nodes`` is the context's ``data_nodes``)."""
+    if needed is None:
+        return None
+    actors = nodes['actors']
+    basis = (f"a batch takes {rank['worker']['mean']:.1f} ms of one actor "
+             f"and a training step {rank['compute']['mean']:.1f} ms")
+    if nodes['num_actors'] == 'auto':
+        low, high = nodes['min_actors'], nodes['max_actors']
+        if needed > high:
+            return (f'{needed} actors would keep up ({basis}), more than '
+                    f'max_actors={high}: raise max_actors to {needed} '
+                    '(with the CPUs for them on the data nodes).')
+        return (f"num_actors='auto' sizes the pool to the {needed} "
+                f'actor(s) that keep up ({basis}); {actors} now, within '
+                f'{low}-{high}.')
+    count = _count_verdict(rank, actors, needed, level)
+    if count == 'surplus':
+        return (f'num_actors={actors} is more than the {needed} needed '
+                f'({basis}); fewer actors would free CPUs on the data '
+                'nodes.')
+    if count is None:
+        return None
+    return (f'Raise num_actors from {actors} to {needed}: {basis}, so '
+            f"{needed} actors keep up (or num_actors='auto' with "
+            f'max_actors={needed}: sized while training).')
 
 
 def _straggler_advice(rank: dict) -> Optional[str]:
@@ -329,9 +395,13 @@ def judge(ranks: List[dict], context: dict) -> dict:
             advice=[])
     worst = max(measured, key=_data_share)
     level = input_bound_level(_data_share(worst))
+    # With RayDataNodesHook, Ray actors make the batches (their production
+    # time is the worker time), not the loader's workers.
+    nodes = context.get('data_nodes')
     workers = context.get('num_workers', 0)
     needed = workers_needed(worst['worker']['mean'], worst['compute']['mean'])
-    bottleneck, bottleneck_share = find_bottleneck(worst, workers)
+    bottleneck, bottleneck_share = find_bottleneck(
+        worst, nodes['actors'] if nodes else workers)
     trainer_share = worst.get('trainer_share', 0.0)
     if trainer_share >= MODERATE and trainer_share >= worst['wait_share']:
         bottleneck, bottleneck_share = 'trainer', trainer_share
@@ -354,7 +424,7 @@ def judge(ranks: List[dict], context: dict) -> dict:
                  if bottleneck_stderr >= 0.005 else '')
         summary += (f' Bottleneck: {stage_label(bottleneck)} '
                     f'({_pct(bottleneck_share)}{error} of {of}).')
-    if not stages_measured(worst):
+    if not stages_measured(worst) and not nodes:
         summary += (' No stage sample yet: none of the counted batches was '
                     'timed in stages (one batch in K is, after the first '
                     f'{FULL_BATCHES} of each loading process), so the '
@@ -362,15 +432,17 @@ def judge(ranks: List[dict], context: dict) -> dict:
                     'measure more steps.')
     advice = []
     for topic, text in (('rank', _rank_advice(measured, worst)),
-                        ('workers',
-                         _worker_advice(worst, context, needed, level)),
+                        ('actors', _actor_advice(worst, nodes, needed, level)
+                         if nodes else None),
+                        ('workers', None if nodes else _worker_advice(
+                            worst, context, needed, level)),
                         ('stage', _stage_advice(bottleneck, worst, context)
                          if bottleneck and level != 'none' else None),
                         ('straggler', _straggler_advice(worst)
-                         if level != 'none' else None)):
+                         if level != 'none' and not nodes else None)):
         if text:
             advice.append(dict(topic=topic, text=text))
-    if level != 'none':
+    if level != 'none' and not nodes:  # about local workers
         advice += _other_advice(worst, context)
     return dict(
         input_bound=level,
@@ -385,8 +457,10 @@ def judge(ranks: List[dict], context: dict) -> dict:
         bottleneck=bottleneck,
         bottleneck_share=bottleneck_share,
         bottleneck_stderr=bottleneck_stderr,
-        workers_needed=needed,
+        workers_needed=None if nodes else needed,
         num_workers=workers,
+        **(dict(actors_needed=needed, num_actors=nodes['actors'])
+           if nodes else {}),
         summary=summary,
         advice=advice)
 

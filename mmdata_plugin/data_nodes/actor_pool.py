@@ -84,23 +84,25 @@ def check_node(report: NodeReport) -> NodeReport:
 
 
 class Pending:
-    """A batch of indices sent to the actor in ``slot``."""
+    """A batch of indices sent to ``actor``, the pool's actor ``slot``."""
 
-    __slots__ = ('indices', 'slot', 'ref')
+    __slots__ = ('indices', 'slot', 'actor', 'ref')
 
-    def __init__(self, indices: List[Any], slot: int, ref) -> None:
+    def __init__(self, indices: List[Any], slot: int, actor, ref) -> None:
         self.indices = indices
         self.slot = slot
+        self.actor = actor
         self.ref = ref
 
 
 class ActorPool:
-    """``num_actors`` :class:`BatchProducer` actors fed round-robin.
+    """:class:`BatchProducer` actors fed round-robin; their number may
+    change while they work.
 
     Args:
         dataset: The dataset every actor builds from (shipped once).
         collate_fn (callable): The DataLoader's collate.
-        num_actors (int): How many actors.
+        num_actors (int): How many actors to start with.
         options (dict): Ray actor options (``num_cpus``, ``resources``...).
         seed (int): The worker seed reported inside the actors.
     """
@@ -111,6 +113,9 @@ class ActorPool:
         self._remote_class = ray.remote(BatchProducer).options(**options)
         self._recipe = (ray.put(dataset), ray.put(collate_fn), seed)
         self._actors = [self._start() for _ in range(num_actors)]
+        # Started, not yet taking batches: (actor, its report's ref).
+        self._starting: List[tuple] = []
+        self._retired: list = []
         self._turn = 0
         self.replaced = 0
         try:
@@ -125,19 +130,81 @@ class ActorPool:
     def _start(self):
         return self._remote_class.remote(*self._recipe)
 
-    def submit(self, indices: List[Any],
-               slot: Optional[int] = None) -> Pending:
-        """Send ``indices`` to the next actor (or the one in ``slot``)."""
-        if slot is None:
-            slot, self._turn = self._turn, (self._turn + 1) % len(
-                self._actors)
-        return Pending(indices, slot,
-                       self._actors[slot].produce.remote(indices))
+    @property
+    def size(self) -> int:
+        """Actors taking batches now."""
+        return len(self._actors)
 
-    def replace(self, slot: int, error: Exception) -> None:
-        """Start a new actor in ``slot`` after its actor died."""
+    @property
+    def target(self) -> int:
+        """Actors taking batches once those starting have joined."""
+        return len(self._actors) + len(self._starting)
+
+    def submit(self, indices: List[Any]) -> Pending:
+        """Send ``indices`` to the next actor."""
+        if self._starting:
+            self.admit_started()
+        slot, self._turn = self._turn, (self._turn + 1) % len(self._actors)
+        actor = self._actors[slot]
+        return Pending(indices, slot, actor, actor.produce.remote(indices))
+
+    def resize(self, num_actors: int) -> None:
+        """Grow or shrink the pool to ``num_actors``.
+
+        New actors take batches once they have started and loaded sample 0
+        (the trainer does not wait for them); removed ones finish the
+        batches they were sent, which stay valid, and then exit.
+        """
+        if num_actors < 1:
+            raise ValueError(f'ActorPool.resize: num_actors={num_actors} '
+                             'must be >= 1')
         ray = import_ray()
-        ray.kill(self._actors[slot], no_restart=True)
+        while self.target < num_actors:
+            actor = self._start()
+            self._starting.append((actor, actor.report.remote()))
+        while self.target > num_actors and self._starting:
+            ray.kill(self._starting.pop()[0], no_restart=True)
+        while len(self._actors) > num_actors:
+            # Queued after the batches it was sent: they complete first.
+            retired = self._actors.pop()
+            retired.__ray_terminate__.remote()
+            self._retired.append(retired)
+            self.nodes.pop()
+        self._turn %= len(self._actors)
+
+    def admit_started(self) -> None:
+        """Let the new actors that have started take batches."""
+        ray = import_ray()
+        refs = [ref for _, ref in self._starting]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+        if not ready:
+            return
+        waiting = []
+        for actor, ref in self._starting:
+            if ref not in ready:
+                waiting.append((actor, ref))
+                continue
+            try:
+                report = check_node(ray.get(ref))
+            except ray.exceptions.RayActorError as error:
+                print_log(
+                    f'Ray data nodes: a new data actor died while starting '
+                    f'({type(error).__name__}); the pool stays at '
+                    f'{len(self._actors)} actors.',
+                    logger='current', level=logging.WARNING)
+                continue
+            self._actors.append(actor)
+            self.nodes.append(report)
+        self._starting = waiting
+
+    def replace(self, actor, error: Exception) -> None:
+        """Start a new actor in the place of ``actor``, which died (one
+        already removed from the pool is not replaced)."""
+        ray = import_ray()
+        ray.kill(actor, no_restart=True)
+        if actor not in self._actors:
+            return
+        slot = self._actors.index(actor)
         self._actors[slot] = self._start()
         self.replaced += 1
         print_log(
@@ -148,6 +215,7 @@ class ActorPool:
 
     def close(self) -> None:
         ray = import_ray()
-        for actor in self._actors:
+        starting = [actor for actor, _ in self._starting]
+        for actor in self._actors + starting + self._retired:
             ray.kill(actor, no_restart=True)
-        self._actors = []
+        self._actors, self._starting, self._retired = [], [], []

@@ -11,6 +11,7 @@ as they do in a local worker.
 """
 import os
 import socket
+import time
 from typing import Any, Callable, List, NamedTuple, Optional
 
 import numpy as np
@@ -27,7 +28,12 @@ class ProducedBatch(NamedTuple):
     on the trainer's node; the rest is the structure
     :class:`~mmdata_plugin.handover.BatchBlock` needs to view it again.
     ``is_block`` says whether the collate itself made a block (what a local
-    worker hands over as one) rather than a plain batch.
+    worker hands over as one) rather than a plain batch. ``production`` is
+    what the batch cost its actor: seconds from its first fetch to its
+    packed block, and CPU seconds; ``finished`` the actor's wall-clock
+    time (``time.time()``) at the end, which the trainer maps onto its
+    own clock. ``host``, ``node_ip``, ``node_id`` (Ray's) and ``pid`` say
+    which actor made it.
     """
     block: np.ndarray
     structure: bytes
@@ -35,6 +41,13 @@ class ProducedBatch(NamedTuple):
     small_end: int
     complete: bool
     is_block: bool
+    production: float
+    cpu: float
+    finished: float
+    host: str
+    node_ip: str
+    pid: int
+    node_id: str
 
 
 class NodeReport(NamedTuple):
@@ -64,29 +77,33 @@ class BatchProducer:
     """
 
     def __init__(self, dataset: Any, collate_fn: Callable, seed: int) -> None:
+        import ray
         self.dataset = dataset
         self.collate_fn = collate_fn
+        self.where = (socket.gethostname(), ray.util.get_node_ip_address(),
+                      os.getpid())
+        self.node_id = ray.get_runtime_context().get_node_id()
         _act_as_worker(dataset, seed)
 
     def report(self) -> NodeReport:
         """This node's name and version, and the error loading the first
         sample gives here (a path missing on this node), if any."""
-        import ray
         problem = None
         try:
             self.dataset[0]
         except Exception as error:  # noqa: BLE001 (reported by node)
             problem = f'{type(error).__name__}: {error}'
-        return NodeReport(socket.gethostname(),
-                          ray.util.get_node_ip_address(),
-                          os.getpid(), __version__, problem)
+        return NodeReport(*self.where, __version__, problem)
 
     def produce(self, indices: List[Any]) -> ProducedBatch:
         """The batch of ``indices``, collated and packed into one block."""
+        start, cpu = time.perf_counter(), time.thread_time()
         batch = self.collate_fn([self.dataset[index] for index in indices])
         is_block = isinstance(batch, BatchBlock)
         if not is_block:
             batch = pack_batch(batch)
         return ProducedBatch(batch.block.numpy(), batch.structure,
                              batch.entries, batch.small_end, batch.complete,
-                             is_block)
+                             is_block, time.perf_counter() - start,
+                             time.thread_time() - cpu, time.time(),
+                             *self.where, self.node_id)

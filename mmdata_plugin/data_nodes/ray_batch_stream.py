@@ -3,7 +3,7 @@ order."""
 import time
 import warnings
 from collections import deque
-from typing import Any, Deque, Iterator, List
+from typing import Any, Callable, Deque, Iterator, List, Optional, Tuple
 
 import torch
 from torch.utils.data._utils.pin_memory import pin_memory
@@ -13,6 +13,33 @@ from .actor_pool import ActorPool, Pending, import_ray
 from .batch_producer import ProducedBatch
 
 _perf_counter = time.perf_counter
+_wall_clock = time.time
+
+
+def production_record(produced: ProducedBatch, pending: Pending) -> dict:
+    """The monitor's worker record of a batch an actor made: its actor's
+    time and CPU, node (Ray's node id, IP and host name), process and slot
+    (the ``worker``), and the block's bytes.
+
+    The actor's clock is not the trainer's: the end of its work is placed
+    on the trainer's ``perf_counter`` through the wall clocks (the same
+    clock on one machine, synchronised by NTP across machines), never
+    after now, when the batch has arrived.
+    """
+    now = _perf_counter()
+    end = now - max(_wall_clock() - produced.finished, 0.0)
+    return dict(
+        pid=produced.pid,
+        worker=pending.slot,
+        samples=len(pending.indices),
+        start=end - produced.production,
+        end=end,
+        cpu=produced.cpu,
+        timed=False,
+        node=produced.node_id,
+        ip=produced.node_ip,
+        host=produced.host,
+        bytes=produced.block.nbytes)
 
 
 def _host_block(array) -> torch.Tensor:
@@ -36,16 +63,25 @@ class RayBatchStream:
     Args:
         batches (Iterator[list]): The batch sampler's batches of indices.
         pool (ActorPool): The data actors.
-        max_inflight (int): Batches being produced at once.
+        max_inflight (int, optional): Batches being produced at once; None:
+            twice the actors taking batches, as the pool grows or shrinks.
         pin (bool): Pin each batch (the DataLoader's ``pin_memory``).
+        wrap (callable, optional): Called with each batch and its
+            :func:`production_record`; what it returns is handed out
+            instead of the batch (the data monitor's ``MonitoredBatch``).
     """
 
-    def __init__(self, batches: Iterator[List[Any]], pool: ActorPool,
-                 max_inflight: int, pin: bool) -> None:
+    def __init__(self,
+                 batches: Iterator[List[Any]],
+                 pool: ActorPool,
+                 max_inflight: Optional[int],
+                 pin: bool,
+                 wrap: Optional[Callable[[Any, dict], Any]] = None) -> None:
         self._batches = batches
         self._pool = pool
         self._max_inflight = max_inflight
         self._pin = pin
+        self._wrap = wrap
         self._window: Deque[Pending] = deque()
         self._exhausted = False
 
@@ -57,7 +93,7 @@ class RayBatchStream:
         if not self._window:
             raise StopIteration
         started = _perf_counter()
-        produced = self._result()
+        pending, produced = self._result()
         self._fill()
         block = _host_block(produced.block)
         if produced.is_block:
@@ -67,36 +103,42 @@ class RayBatchStream:
         else:
             batch = BatchBlock(block, produced.structure, produced.entries,
                                produced.small_end, produced.complete).unpack()
-        return pin_memory(batch) if self._pin else batch
+        if self._pin:
+            batch = pin_memory(batch)
+        if self._wrap is None:
+            return batch
+        return self._wrap(batch, production_record(produced, pending))
 
     def _fill(self) -> None:
-        while not self._exhausted and len(self._window) < self._max_inflight:
+        limit = self._max_inflight or 2 * self._pool.size
+        while not self._exhausted and len(self._window) < limit:
             indices = next(self._batches, None)
             if indices is None:
                 self._exhausted = True
             else:
                 self._window.append(self._pool.submit(indices))
 
-    def _result(self) -> ProducedBatch:
+    def _result(self) -> Tuple[Pending, ProducedBatch]:
         ray = import_ray()
         while True:
             try:
                 produced = ray.get(self._window[0].ref)
             except (ray.exceptions.RayActorError,
                     ray.exceptions.ObjectLostError) as error:
-                self._resend(self._window[0].slot, error)
+                self._resend(self._window[0].actor, error)
                 continue
             except ray.exceptions.RayTaskError as error:
                 raise RuntimeError(
                     'Ray data nodes: producing the batch of indices '
                     f'{[int(i) for i in self._window[0].indices]} failed '
                     f'on a data node: {error}') from error
-            self._window.popleft()
-            return produced
+            return self._window.popleft(), produced
 
-    def _resend(self, slot: int, error: Exception) -> None:
-        self._pool.replace(slot, error)
+    def _resend(self, actor, error: Exception) -> None:
+        self._pool.replace(actor, error)
         for pending in self._window:
-            if pending.slot == slot:
+            if pending.actor is actor:
                 again = self._pool.submit(pending.indices)
-                pending.slot, pending.ref = again.slot, again.ref
+                pending.slot, pending.actor, pending.ref = (again.slot,
+                                                            again.actor,
+                                                            again.ref)

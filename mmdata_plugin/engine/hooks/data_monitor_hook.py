@@ -15,8 +15,8 @@ from torch.utils.data import DataLoader
 
 from mmdata_plugin.data_monitor import (DataLoaderMonitor, build_report,
                                         format_rank_table, format_report,
-                                        format_worker_table, plot_report,
-                                        save_report)
+                                        format_worker_table, loader_context,
+                                        plot_report, save_report)
 from mmdata_plugin.data_monitor.head_cache import add_head_cache
 from mmdata_plugin.data_monitor.remote_cache import add_remote_cache
 from mmdata_plugin.data_monitor.worker_timing import MonitoredBatch
@@ -133,10 +133,15 @@ class DataMonitorHook(Hook):
         self.monitor.install(loop=loop)
         self._time_preprocessor(runner)
         pipelines = self.monitor.instrumentation.pipelines
+        # RayDataNodesHook: the actors make the batches (their stages are
+        # not timed), not the loader's workers.
+        nodes = loader_context(loader)['data_nodes']
+        timing = (f"{nodes['actors']} Ray data actor(s) (per batch)"
+                  if nodes else f'{loader.num_workers} worker(s), '
+                  f'{sum(len(p["transforms"]) for p in pipelines)} '
+                  f'transform(s) in {len(pipelines)} pipeline(s)')
         runner.logger.info(
-            f'DataMonitorHook: timing {loader.num_workers} worker(s), '
-            f'{sum(len(p["transforms"]) for p in pipelines)} transform(s) '
-            f'in {len(pipelines)} pipeline(s); report every '
+            f'DataMonitorHook: timing {timing}; report every '
             f'{self.table_interval or "-"} iterations and at the end.')
 
     def _time_preprocessor(self, runner) -> None:

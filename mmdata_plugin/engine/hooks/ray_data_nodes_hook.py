@@ -1,15 +1,19 @@
 """RayDataNodesHook: the train DataLoader's batches made by Ray actors."""
-from typing import Optional
+from typing import List, Optional, Union
 
 import torch
 from mmengine.hooks import Hook
 from mmengine.registry import HOOKS
 from torch.utils.data import DataLoader
 
+from ...data_monitor.verdict import MODERATE, workers_needed
+from ...data_monitor.worker_timing import MonitoredBatch
 from ...data_nodes import ActorPool, RayBatchStream, connect, import_ray
 from ...utils.dataloader_slots import (dataloader_class_with_iter,
                                        rebind_dataloader_attribute)
 from ...utils.started_iterators import restart_started_iterator
+from .data_monitor_hook import DataMonitorHook
+
 
 def _ray_iterator(loader: DataLoader, base: type) -> RayBatchStream:
     # A local iterator draws its workers' base seed from the loader's
@@ -18,9 +22,13 @@ def _ray_iterator(loader: DataLoader, base: type) -> RayBatchStream:
     # workers.
     torch.empty((), dtype=torch.int64).random_(generator=loader.generator)
     nodes = loader._ray_data_nodes
+    # Under the data monitor each batch travels with its actor's record,
+    # as a local worker's does.
+    monitored = getattr(loader, '_data_monitor', None) is not None
     return RayBatchStream(
         iter(loader.batch_sampler), nodes.pool, nodes.max_inflight,
-        loader.pin_memory and torch.cuda.is_available())
+        loader.pin_memory and torch.cuda.is_available(),
+        wrap=MonitoredBatch if monitored else None)
 
 
 def _ray_loader_class(base: type) -> type:
@@ -29,11 +37,77 @@ def _ray_loader_class(base: type) -> type:
 
 
 class _Nodes:
-    """What the Ray loader class needs: the pool and the window size."""
+    """What the Ray loader class needs (the pool and the window size) and
+    what the data monitor reports of it (:meth:`context`)."""
 
-    def __init__(self, pool: ActorPool, max_inflight: int) -> None:
+    def __init__(self, pool: ActorPool, max_inflight: Optional[int],
+                 settings: dict) -> None:
         self.pool = pool
         self.max_inflight = max_inflight
+        self.settings = settings
+        self.resizes: List[dict] = []
+
+    def context(self) -> dict:
+        return dict(
+            self.settings,
+            actors=self.pool.size,
+            resizes=list(self.resizes))
+
+
+class _AutoSize:
+    """``num_actors='auto'``: from the steps the data monitor counted since
+    the last decision (at least ``every``), the actors that keep up with
+    the training step (:func:`~mmdata_plugin.data_monitor.verdict.
+    workers_needed` of the actors' mean production time per batch and the
+    mean step), within ``[low, high]``.
+
+    The pool grows to them while the trainer waits (a moderate waiting
+    share, the verdict's 5%), and shrinks, keeping one actor to spare,
+    while it does not: a new actor costs seconds to start, and a
+    measurement on a loaded machine jitters by one.
+    """
+
+    def __init__(self, monitor, low: int, high: int, every: int) -> None:
+        self.monitor = monitor
+        self.low, self.high, self.every = low, high, every
+        self.restart()
+
+    def restart(self) -> None:
+        """Measure from now on (the pool has just changed)."""
+        self._mark = self._sums()
+
+    def _sums(self) -> tuple:
+        book = self.monitor.total
+        return (book.wait.seen, book.wait.total, book.worker.total,
+                book.worker.seen, book.compute.total, book.compute.seen)
+
+    def wanted(self, actors: int) -> Optional[tuple]:
+        """``(actors wanted, production ms, step ms, waiting share)`` when
+        the pool of ``actors`` should change; None otherwise (or before
+        ``every`` more steps were counted)."""
+        steps = self.monitor.counted_steps - self._mark[0]
+        if steps < self.every:
+            return None
+        now, mark = self._sums(), self._mark
+        self._mark = now
+        waited, production, batches, compute, computes = (
+            a - b for a, b in zip(now[1:], mark[1:]))
+        if not batches or not computes:
+            return None
+        production, step = 1e3 * production / batches, 1e3 * compute / computes
+        needed = workers_needed(production, step)
+        if needed is None:
+            return None
+        share = 1e3 * waited / (1e3 * waited + step * steps)
+        if share >= MODERATE and needed > actors:
+            wanted = min(needed, self.high)
+        elif share < MODERATE and needed + 1 < actors:
+            wanted = max(needed + 1, self.low)
+        else:
+            return None
+        if wanted == actors:
+            return None
+        return wanted, production, step, share
 
 
 @HOOKS.register_module()
@@ -56,13 +130,26 @@ class RayDataNodesHook(Hook):
     replaced and its unfinished batches are produced again, in order. The
     DataLoader's own workers are not started.
 
+    With ``num_actors='auto'`` the pool starts with ``min_actors`` and is
+    resized while training, within ``[min_actors, max_actors]``, to the
+    actors that keep up with the training step, from what
+    ``DataMonitorHook`` measures (needed: it times each actor's batches and
+    the step) every ``resize_every`` counted steps. New actors take
+    batches once started; removed ones finish theirs. The stream does not
+    change: the trainer's batch sampler decides the order.
+
     Config::
 
         custom_hooks = [dict(type='RayDataNodesHook', num_actors=4,
                              address='auto')]
+        # or sized from the measurements:
+        custom_hooks = [dict(type='DataMonitorHook'),
+                        dict(type='RayDataNodesHook', num_actors='auto',
+                             min_actors=1, max_actors=8, address='auto')]
 
     Args:
-        num_actors (int): Data actors per training process. Defaults to 2.
+        num_actors (int | str): Data actors per training process, or
+            ``'auto'``. Defaults to 2.
         address (str, optional): The Ray cluster: ``'host:6379'``,
             ``'ray://host:10001'``, ``'auto'`` (the cluster this node has
             joined) or None (an already connected Ray, else a new local
@@ -72,21 +159,41 @@ class RayDataNodesHook(Hook):
             Defaults to None.
         num_cpus (float): CPUs each actor reserves. Defaults to 1.
         max_inflight (int, optional): Batches in production at once.
-            Defaults to ``2 * num_actors``.
+            Defaults to twice the actors taking batches.
+        min_actors (int): With ``'auto'``: the actors to start with and the
+            fewest kept. Defaults to 1.
+        max_actors (int, optional): With ``'auto'``: the most actors (needed
+            there). Defaults to None.
+        resize_every (int): With ``'auto'``: counted steps of the monitor
+            between two sizing decisions. Defaults to 20.
     """
 
     # Before DataMonitorHook and DeviceFeedHook: they wrap what it makes.
     priority = 'ABOVE_NORMAL'
 
     def __init__(self,
-                 num_actors: int = 2,
+                 num_actors: Union[int, str] = 2,
                  address: Optional[str] = None,
                  resources: Optional[dict] = None,
                  num_cpus: float = 1,
-                 max_inflight: Optional[int] = None) -> None:
-        if num_actors < 1:
+                 max_inflight: Optional[int] = None,
+                 min_actors: int = 1,
+                 max_actors: Optional[int] = None,
+                 resize_every: int = 20) -> None:
+        self.auto = num_actors == 'auto'
+        if self.auto:
+            if max_actors is None or not 1 <= min_actors <= max_actors:
+                raise ValueError(
+                    "RayDataNodesHook: num_actors='auto' needs 1 <= "
+                    f'min_actors <= max_actors, got min_actors={min_actors}'
+                    f', max_actors={max_actors}')
+            if resize_every < 1:
+                raise ValueError(f'RayDataNodesHook: resize_every='
+                                 f'{resize_every} must be >= 1')
+        elif not isinstance(num_actors, int) or num_actors < 1:
             raise ValueError(
-                f'RayDataNodesHook: num_actors={num_actors} must be >= 1')
+                f'RayDataNodesHook: num_actors={num_actors!r} must be an '
+                "int >= 1 or 'auto'")
         if max_inflight is not None and max_inflight < 1:
             raise ValueError(
                 f'RayDataNodesHook: max_inflight={max_inflight} must be '
@@ -95,9 +202,14 @@ class RayDataNodesHook(Hook):
         self.address = address
         self.resources = dict(resources or {})
         self.num_cpus = num_cpus
-        self.max_inflight = max_inflight or 2 * num_actors
+        self.max_inflight = max_inflight
+        self.min_actors = min_actors
+        self.max_actors = max_actors
+        self.resize_every = resize_every
         # The actors of the current (or last) run.
         self.pool: Optional[ActorPool] = None
+        self._nodes: Optional[_Nodes] = None
+        self._sizing: Optional[_AutoSize] = None
         self._loader: Optional[DataLoader] = None
         self._base_class: Optional[type] = None
         self._connected = False
@@ -111,20 +223,40 @@ class RayDataNodesHook(Hook):
                 'RayDataNodesHook needs a map-style torch DataLoader with '
                 'a batch sampler as train_loop.dataloader, got '
                 f'{type(loader).__name__}')
+        if self.auto and not self._monitor_hooks(runner):
+            raise ValueError(
+                "RayDataNodesHook: num_actors='auto' sizes the pool from "
+                "what DataMonitorHook measures: add dict(type='"
+                "DataMonitorHook') to custom_hooks, or give num_actors as "
+                'an int')
         self._connected = connect(self.address)
+        start = self.min_actors if self.auto else self.num_actors
         try:
             self.pool = pool = ActorPool(
-                loader.dataset, loader.collate_fn, self.num_actors,
+                loader.dataset, loader.collate_fn, start,
                 dict(num_cpus=self.num_cpus, resources=self.resources),
                 seed=runner.seed)
         except BaseException:
             self._disconnect()
             raise
-        self._install(loader, _Nodes(pool, self.max_inflight), loop)
+        self._nodes = _Nodes(
+            pool, self.max_inflight,
+            dict(num_actors=self.num_actors,
+                 min_actors=self.min_actors if self.auto else None,
+                 max_actors=self.max_actors if self.auto else None,
+                 max_inflight=self.max_inflight))
+        self._install(loader, self._nodes, loop)
         where = ', '.join(f'{n.host} ({n.node_ip})' for n in pool.nodes)
+        inflight = self.max_inflight or 'twice as many batches'
+        sizing = (f', sized from the measurements within {self.min_actors}'
+                  f'-{self.max_actors}' if self.auto else '')
         runner.logger.info(
-            f'RayDataNodesHook: {self.num_actors} data actors on {where} '
-            f'make the training batches, {self.max_inflight} in flight.')
+            f'RayDataNodesHook: {start} data actors on {where} make the '
+            f'training batches, {inflight} in flight{sizing}.')
+
+    @staticmethod
+    def _monitor_hooks(runner) -> list:
+        return [h for h in runner.hooks if isinstance(h, DataMonitorHook)]
 
     def _install(self, loader: DataLoader, nodes: _Nodes, loop) -> None:
         self._loader = loader
@@ -137,7 +269,39 @@ class RayDataNodesHook(Hook):
         # yet: its workers stop and a Ray stream starts the same pass.
         restart_started_iterator(loader, loop)
 
-    def after_train(self, runner) -> None:
+    def after_train_iter(self,
+                         runner,
+                         batch_idx: int,
+                         data_batch=None,
+                         outputs=None) -> None:
+        if not self.auto or self.pool is None:
+            return
+        if self._sizing is None:
+            monitor = self._monitor_hooks(runner)[0].monitor
+            if monitor is None:  # it measures nothing: nothing to size by
+                return
+            self._sizing = _AutoSize(monitor, self.min_actors,
+                                     self.max_actors, self.resize_every)
+        if self.pool.size < self.pool.target:
+            # New actors are starting: measure the pool once they work.
+            self._sizing.restart()
+            return
+        wanted = self._sizing.wanted(self.pool.size)
+        if wanted is None:
+            return
+        actors, production, step, share = wanted
+        runner.logger.info(
+            f'RayDataNodesHook: {self.pool.size} -> {actors} data actors '
+            f'(a batch takes {production:.1f} ms of an actor, a training '
+            f'step {step:.1f} ms, {100 * share:.0f}% of the time waiting '
+            f'for data; within {self.min_actors}-{self.max_actors}).')
+        self.pool.resize(actors)
+        self._nodes.resizes.append(dict(iteration=runner.iter + 1,
+                                        actors=actors))
+
+    def after_run(self, runner) -> None:
+        # Not after_train: the data monitor's final report (its after_train
+        # runs after this hook's) describes the actors.
         if self._loader is None:
             return
         self.pool.close()
@@ -146,6 +310,7 @@ class RayDataNodesHook(Hook):
                                         self._base_class)
         del self._loader._ray_data_nodes
         self._loader = None
+        self._sizing = None
         self._disconnect()
 
     def _disconnect(self) -> None:
