@@ -117,6 +117,26 @@ class SleepyDataset(BaseDataset):
         return [self.get_data_info(idx)['gt_label']]
 
 
+class CrashingDataset(SleepyDataset):
+    """:class:`SleepyDataset` whose sample ``crash_at`` ends any process
+    that loads it but ``spared_pid``: a sample that crashes its worker.
+
+    Args:
+        crash_at (int): The sample.
+        spared_pid (int): The process that loads it normally.
+        **kwargs: :class:`SleepyDataset` arguments.
+    """
+
+    def __init__(self, crash_at: int, spared_pid: int, **kwargs) -> None:
+        self.crash_at, self.spared_pid = crash_at, spared_pid
+        super().__init__(**kwargs)
+
+    def prepare_data(self, idx):
+        if idx == self.crash_at and os.getpid() != self.spared_pid:
+            os._exit(13)
+        return super().prepare_data(idx)
+
+
 def sleepy_pipeline(transform_ms=(1.0, 5.0), crop=None):
     """Load (read + decode), sleeping transforms, optional random crop,
     pack."""

@@ -84,15 +84,17 @@ def check_node(report: NodeReport) -> NodeReport:
 
 
 class Pending:
-    """A batch of indices sent to ``actor``, the pool's actor ``slot``."""
+    """A batch of indices sent to ``actor``, the pool's actor ``slot``;
+    ``deaths`` counts the actors that died while making it."""
 
-    __slots__ = ('indices', 'slot', 'actor', 'ref')
+    __slots__ = ('indices', 'slot', 'actor', 'ref', 'deaths')
 
     def __init__(self, indices: List[Any], slot: int, actor, ref) -> None:
         self.indices = indices
         self.slot = slot
         self.actor = actor
         self.ref = ref
+        self.deaths = 0
 
 
 class ActorPool:

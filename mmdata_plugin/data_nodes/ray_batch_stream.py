@@ -14,6 +14,10 @@ from .batch_producer import ProducedBatch
 
 _perf_counter = time.perf_counter
 _wall_clock = time.time
+#: Actors that may die making one batch before it is given up: a batch
+#: whose sample crashes its process (or exhausts its memory) would
+#: otherwise replace actors forever.
+MAX_DEATHS_PER_BATCH = 3
 
 
 def production_record(produced: ProducedBatch, pending: Pending) -> dict:
@@ -120,11 +124,14 @@ class RayBatchStream:
 
     def _result(self) -> Tuple[Pending, ProducedBatch]:
         ray = import_ray()
+        lost = (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError,
+                ray.exceptions.NodeDiedError,
+                ray.exceptions.WorkerCrashedError,
+                ray.exceptions.OutOfMemoryError)
         while True:
             try:
                 produced = ray.get(self._window[0].ref)
-            except (ray.exceptions.RayActorError,
-                    ray.exceptions.ObjectLostError) as error:
+            except lost as error:
                 self._resend(self._window[0].actor, error)
                 continue
             except ray.exceptions.RayTaskError as error:
@@ -135,6 +142,19 @@ class RayBatchStream:
             return self._window.popleft(), produced
 
     def _resend(self, actor, error: Exception) -> None:
+        # An actor makes its batches in order: it died making the first of
+        # them in the window.
+        making = next(p for p in self._window if p.actor is actor)
+        making.deaths += 1
+        if making.deaths >= MAX_DEATHS_PER_BATCH:
+            raise RuntimeError(
+                f'Ray data nodes: {making.deaths} data actors died making '
+                'the batch of indices '
+                f'{[int(i) for i in making.indices]} (last: '
+                f'{type(error).__name__}: {error}); it is not sent again. '
+                'A sample of it may crash or exhaust the memory of its '
+                "process: load those indices with the dataset's pipeline "
+                'in one process to see.') from error
         self._pool.replace(actor, error)
         for pending in self._window:
             if pending.actor is actor:
