@@ -96,7 +96,9 @@ def test_kept_samples_are_listed_needed_furthest_ahead_first():
     cache = BeladyCache(100)
     for sample, until in ((7, 40), (3, 90), (5, 12), (9, 65)):
         cache.keep(sample, until, 1)
-    assert cache.kept_by_next_use() == [3, 9, 7, 5]
+    samples, untils = cache.kept_by_next_use()
+    assert samples.tolist() == [3, 9, 7, 5]
+    assert untils.tolist() == [90, 65, 40, 12]
 
 
 def test_byte_budget_is_never_exceeded_and_bypass_keeps_nothing_late():
@@ -109,12 +111,12 @@ def test_byte_budget_is_never_exceeded_and_bypass_keeps_nothing_late():
         decision = cache.access(tick, int(sample), int(sizes[sample]),
                                 int(next_use))
         assert cache.used <= 20
-        assert cache.used == sum(sizes[s] for s in cache.until)
+        assert cache.used == sum(sizes[s] for s in cache.kept())
         if decision.keep_until is None and next_use >= 0 and sizes[
                 sample] <= 20 - cache.used:
             pytest.fail('a sample that fits was not kept')
         for victim in decision.dropped:
-            assert victim not in cache.until
+            assert victim not in cache
 
 
 def test_simulated_rates_on_a_single_permuted_stream():
