@@ -160,6 +160,29 @@ class BeladyCache:
             if len(self._late) > self._late_limit:
                 self._refill()
 
+    def keep_all(self, samples: np.ndarray, untils: np.ndarray,
+                 sizes: np.ndarray) -> None:
+        """:meth:`keep` for many samples at once (distinct ids)."""
+        samples = np.asarray(samples, np.int64)
+        if len(np.unique(samples)) != len(samples):
+            raise ValueError('keep_all needs distinct sample ids')
+        if not len(samples):
+            return
+        if samples.min() < 0 or samples.max() >= len(self._until):
+            self._grow(int(samples.max() if samples.min() >= 0 else
+                           samples.min()))
+        sizes = np.asarray(sizes, np.int64)
+        if sizes.max() > self._size_max:
+            self._size = self._size.astype(np.int64)
+            self._size_max = np.iinfo(np.int64).max
+        was = samples[self._until[samples] > _TAKEN]
+        self.used -= int(self._size[was].sum())
+        self._until[samples] = untils
+        self._size[samples] = sizes
+        self.used += int(sizes.sum())
+        self.count += len(samples) - len(was)
+        self._refill()
+
     # -- eviction order ------------------------------------------------------
 
     def _refill(self) -> None:

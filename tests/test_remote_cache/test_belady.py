@@ -160,3 +160,24 @@ def test_sizes_past_4_gib_and_bad_ids():
         cache.keep(-2, 10, 1)
     assert -2 not in cache and 10**9 not in cache
     assert cache.next_use(4) == 8 and cache.next_use(10**9) is None
+
+
+def test_keep_all_is_keep_one_by_one():
+    rng = np.random.default_rng(7)
+    samples = rng.permutation(40)[:20]
+    untils = rng.permutation(500)[:20]
+    sizes = rng.integers(1, 6, 20)
+    together, one_by_one = BeladyCache(100), BeladyCache(100)
+    for cache in (together, one_by_one):
+        cache.keep(int(samples[3]), 7, 9)  # kept before: kept again
+        cache.keep(45, 600, 2)
+    together.keep_all(samples, untils, sizes)
+    for sample, until, size in zip(samples.tolist(), untils.tolist(),
+                                   sizes.tolist()):
+        one_by_one.keep(sample, until, size)
+    assert (together.used, len(together)) == (one_by_one.used,
+                                              len(one_by_one))
+    assert together.resize(20) == one_by_one.resize(20)
+    assert together.admit(41, 250, 4) == one_by_one.admit(41, 250, 4)
+    with pytest.raises(ValueError, match='distinct sample ids'):
+        together.keep_all([1, 1], [5, 6], [1, 1])
