@@ -53,6 +53,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from typing import Sequence
 
 import numpy as np
 
@@ -114,6 +115,11 @@ def parse_args(argv=None):
     parser.add_argument(
         '--planner-window-ticks', type=float, default=1e7,
         help='ticks simulated per size, split between the windows')
+    parser.add_argument(
+        '--planner-window-centres', default='0.125,0.25,0.375',
+        metavar='F,F,...',
+        help='centres of the windows, as shares of epoch 2 (default: '
+        'within the samples kept from epoch 1, across their end, past it)')
     parser.add_argument(
         '--download-cpu', type=int, default=None, metavar='FILES',
         help='only measure the CPU time of downloads into the node store '
@@ -892,9 +898,6 @@ def report_planner_scale(args) -> None:
 
 #: Samples whose next reads are asked at once when a kept set is built.
 _STATE_SLICE = 1 << 22
-#: Centres of the simulated windows, as shares of epoch 2: within the
-#: samples kept from epoch 1 (all hits), across their end, past it.
-_WINDOW_CENTRES = (1 / 8, 1 / 4, 1 / 2)
 
 
 def one_node_belady_state(stream, capacity: int, tick: int) -> tuple:
@@ -938,10 +941,11 @@ def _kept_set_bytes(cache) -> int:
     return sum(array.nbytes for array in arrays) + 128 * len(cache._late)
 
 
-def planner_window(samples: int, ticks: int, share: float = 0.25,
-                   seed: int = 0) -> dict:
+def planner_window(samples: int, ticks: int,
+                   centres: Sequence[float] = (1 / 8, 1 / 4, 3 / 8),
+                   share: float = 0.25, seed: int = 0) -> dict:
     """The planner (exact next uses) tick by tick in windows of epoch 2
-    (centred on :data:`_WINDOW_CENTRES`, ``ticks`` in all) on a node of one
+    (centred on ``centres`` of it, ``ticks`` in all) on a node of one
     rank reading ``samples`` equal samples an epoch, each window started
     from Belady's kept set (:func:`one_node_belady_state`), with a
     capacity of ``share`` of the samples. Belady hits a read there exactly
@@ -952,11 +956,11 @@ def planner_window(samples: int, ticks: int, share: float = 0.25,
     stream = _scale_stream(samples, 1, seed)
     epoch_ticks = stream.epoch_ticks
     capacity = int(share * samples)
-    width = min(ticks // len(_WINDOW_CENTRES), epoch_ticks // 4)
+    width = min(ticks // len(centres), epoch_ticks // 4)
     hits = belady = done = 0
     seconds = build = 0.0
     kept_bytes = 0
-    for centre in _WINDOW_CENTRES:
+    for centre in centres:
         first = 2 * epoch_ticks + int(centre * epoch_ticks) - width // 2
         began = time.perf_counter()
         planner = StreamPlanner(stream, capacity, lambda sample: 1,
@@ -980,8 +984,9 @@ def planner_window(samples: int, ticks: int, share: float = 0.25,
 
 
 def report_planner_window(args) -> None:
+    centres = [float(text) for text in args.planner_window_centres.split(',')]
     print('Windows of epoch 2 centred at ' +
-          ', '.join(f'{centre:.3f}' for centre in _WINDOW_CENTRES) +
+          ', '.join(f'{centre:.3f}' for centre in centres) +
           ' of it, one node of one rank, capacity 25% of the samples, '
           "each window started from Belady's kept set:")
     print('| samples per node | ticks simulated | hit % exact next uses | '
@@ -990,7 +995,7 @@ def report_planner_window(args) -> None:
     print('|---|---|---|---|---|---|---|---|---|')
     for text in args.planner_window.split(','):
         row = planner_window(int(float(text)),
-                             int(args.planner_window_ticks))
+                             int(args.planner_window_ticks), centres)
         print(f"| {row['samples']:.0e} | {row['ticks']} | "
               f"{100 * row['hit_rate']:.2f} | {100 * row['belady']:.2f} | "
               f"{row['hit_rate'] / row['belady']:.3f} | "
