@@ -9,9 +9,10 @@ becomes a download), and if that is not enough, the sample is not kept
 can get; the online planner and the offline simulator share this class.
 
 The kept set lives in numpy arrays indexed by sample id (next use and
-size: 12 bytes a sample, see :class:`BeladyCache`), so a node of 1e9
-samples plans in ~12 GB rather than the ~250 bytes a kept sample that
-Python dicts and heap tuples cost.
+size: 12 bytes a sample, plus ~4 bytes per kept sample for the eviction
+order, see :class:`BeladyCache`), so a node of 1e9 samples with a quarter
+kept plans in ~13 GB, where Python dicts and heap tuples cost ~250 bytes
+a kept sample (62 GB).
 """
 import heapq
 from typing import List, NamedTuple, Optional, Tuple
@@ -68,9 +69,11 @@ class BeladyCache:
     kept (int64) and its size (uint32, int64 once a sample of 4 GiB or more
     is kept): 12 bytes a sample, 1.2 GB for 1e8. What the eviction order
     needs beyond that is O(kept / 64): the *front*, the kept samples needed
-    furthest ahead in eviction order (numpy arrays, refilled by a scan of
-    the arrays when used up), and a heap of the samples kept since the
-    front was filled with a next use past its least one.
+    furthest ahead in eviction order (numpy arrays, 16 bytes an entry,
+    refilled by a scan of the arrays when used up), and a heap of the
+    samples kept since the front was filled with a next use past its least
+    one (at most twice the front, ~128 bytes an entry; a refill folds it
+    in).
 
     Args:
         capacity (int): Bytes the kept samples may use.
