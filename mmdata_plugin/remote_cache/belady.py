@@ -120,9 +120,6 @@ class BeladyCache:
     def __contains__(self, sample: int) -> bool:
         return self._until_of(sample) > _TAKEN
 
-    def __len__(self) -> int:
-        return self.count
-
     def next_use(self, sample: int) -> Optional[int]:
         """The tick ``sample`` is kept until, or None when not kept."""
         until = self._until_of(sample)

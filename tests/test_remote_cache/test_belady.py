@@ -93,7 +93,7 @@ def random_run(seed):
         assert (decision.hit, dropped) == reference.access(
             tick, sample, size, int(following[tick])), (seed, tick)
         assert cache.used == reference.used
-        assert len(cache) == len(reference.kept)
+        assert cache.count == len(reference.kept)
     assert sorted(cache.kept().tolist()) == sorted(reference.kept)
     assert {
         sample: cache.next_use(sample)
@@ -144,7 +144,7 @@ def test_kept_set_costs_a_few_bytes_a_sample(monkeypatch):
     dropped = cache.resize(samples // 5)
     held = tracemalloc.get_traced_memory()[0]
     tracemalloc.stop()
-    assert len(cache) == samples // 5 and len(dropped) == samples // 20
+    assert cache.count == samples // 5 and len(dropped) == samples // 20
     furthest = sorted(zip(untils, kept), reverse=True)[:samples // 20]
     assert dropped == [sample for _, sample in furthest]
     assert held / samples < 16, held / samples
@@ -175,8 +175,8 @@ def test_keep_all_is_keep_one_by_one():
     for sample, until, size in zip(samples.tolist(), untils.tolist(),
                                    sizes.tolist()):
         one_by_one.keep(sample, until, size)
-    assert (together.used, len(together)) == (one_by_one.used,
-                                              len(one_by_one))
+    assert (together.used, together.count) == (one_by_one.used,
+                                               one_by_one.count)
     assert together.resize(20) == one_by_one.resize(20)
     assert together.admit(41, 250, 4) == one_by_one.admit(41, 250, 4)
     with pytest.raises(ValueError, match='distinct sample ids'):
