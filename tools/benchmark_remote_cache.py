@@ -53,7 +53,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from typing import Optional
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -106,6 +106,20 @@ def parse_args(argv=None):
     parser.add_argument(
         '--planner-ticks', type=float, default=3e7,
         help='largest number of ticks (3 epochs) planned tick by tick')
+    parser.add_argument(
+        '--planner-window', default=None, metavar='N,N,...',
+        help='only simulate the planner tick by tick (no downloads) on one '
+        'node of one rank reading each number of samples per epoch, in '
+        'windows of epoch 2 started from Belady\'s own kept set, against '
+        'Belady: hits, decisions/s, kept-set bytes and peak RSS')
+    parser.add_argument(
+        '--planner-window-ticks', type=float, default=1e7,
+        help='ticks simulated per size, split between the windows')
+    parser.add_argument(
+        '--planner-window-centres', default='0.125,0.25,0.375',
+        metavar='F,F,...',
+        help='centres of the windows, as shares of epoch 2 (default: '
+        'within the samples kept from epoch 1, across their end, past it)')
     parser.add_argument(
         '--download-cpu', type=int, default=None, metavar='FILES',
         help='only measure the CPU time of downloads into the node store '
@@ -552,6 +566,9 @@ def main():
     if args.planner_scale:
         report_planner_scale(args)
         return
+    if args.planner_window:
+        report_planner_window(args)
+        return
     if args.download_cpu:
         report_download_cpu(args)
         return
@@ -877,6 +894,115 @@ def report_planner_scale(args) -> None:
             print(f"| {samples:.0e} | {count} | {row['ticks']} | "
                   f"{row['wrong']} | {row['ticks_per_s']:.0f} | "
                   f"{row['peak_bytes'] / 1e6:.1f} |", flush=True)
+
+
+#: Samples whose next reads are asked at once when a kept set is built.
+_STATE_SLICE = 1 << 22
+
+
+def one_node_belady_state(stream, capacity: int, tick: int) -> tuple:
+    """``(samples, next uses)`` that Belady-with-bypass keeps before
+    ``tick`` (from epoch 1 on) on a node of one rank reading equal samples
+    (:func:`_scale_stream` with one node), ``capacity`` of them.
+
+    At an epoch's start it keeps the ``capacity`` samples read first in
+    the epoch: the epoch before read every sample, each kept in room or
+    in place of one needed later, so the soonest needed stayed. Each read
+    of those is a hit that frees its place for the sample read, so ``d``
+    ticks into the epoch the ones not read yet are kept, and of the ``d``
+    samples read, the ``min(d, capacity)`` read soonest in the next epoch.
+    """
+    epoch_ticks = stream.epoch_ticks
+    epoch, done = divmod(tick, epoch_ticks)
+    start = epoch * epoch_ticks
+    samples = [stream.ids(tick, start + max(done, capacity))]
+    untils = [np.arange(tick, start + max(done, capacity))]
+    room = min(done, capacity)
+    soonest = np.empty(0, np.int64)
+    soonest_ids = np.empty(0, np.int64)
+    for first in range(start, tick, _STATE_SLICE):
+        ids = stream.ids(first, min(first + _STATE_SLICE, tick))
+        following = (start + epoch_ticks +
+                     stream.order.places(epoch + 1, ids).first)
+        soonest = np.concatenate([soonest, following])
+        soonest_ids = np.concatenate([soonest_ids, ids])
+        if len(soonest) > room:
+            chosen = np.argpartition(soonest, room - 1)[:room]
+            soonest, soonest_ids = soonest[chosen], soonest_ids[chosen]
+    return (np.concatenate(samples + [soonest_ids]),
+            np.concatenate(untils + [soonest]))
+
+
+def _kept_set_bytes(cache) -> int:
+    """Bytes of a BeladyCache's kept set: its arrays, its front and the
+    heap past it (tuple, two ints and a list slot an entry)."""
+    arrays = (cache._until, cache._size, cache._front_until,
+              cache._front_sample)
+    return sum(array.nbytes for array in arrays) + 128 * len(cache._late)
+
+
+def planner_window(samples: int, ticks: int,
+                   centres: Sequence[float] = (1 / 8, 1 / 4, 3 / 8),
+                   share: float = 0.25, seed: int = 0) -> dict:
+    """The planner (exact next uses) tick by tick in windows of epoch 2
+    (centred on ``centres`` of it, ``ticks`` in all) on a node of one
+    rank reading ``samples`` equal samples an epoch, each window started
+    from Belady's kept set (:func:`one_node_belady_state`), with a
+    capacity of ``share`` of the samples. Belady hits a read there exactly
+    when the epoch reads it among its first ``share``."""
+    import resource
+
+    from mmdata_plugin.remote_cache.stream_planner import StreamPlanner
+    stream = _scale_stream(samples, 1, seed)
+    epoch_ticks = stream.epoch_ticks
+    capacity = int(share * samples)
+    width = min(ticks // len(centres), epoch_ticks // 4)
+    hits = belady = done = 0
+    seconds = build = 0.0
+    kept_bytes = 0
+    for centre in centres:
+        first = 2 * epoch_ticks + int(centre * epoch_ticks) - width // 2
+        began = time.perf_counter()
+        planner = StreamPlanner(stream, capacity, lambda sample: 1,
+                                start=first)
+        kept, untils = one_node_belady_state(stream, capacity, first)
+        planner.cache.keep_all(kept, untils, np.ones(len(kept), np.int64))
+        build += time.perf_counter() - began
+        began = time.perf_counter()
+        hits += int(planner.hits(first + width).sum())
+        seconds += time.perf_counter() - began
+        kept_bytes = max(kept_bytes, _kept_set_bytes(planner.cache))
+        within = first - 2 * epoch_ticks
+        belady += int(np.clip(capacity - within, 0, width))
+        done += width
+        del planner
+    return dict(samples=samples, ticks=done, hit_rate=hits / done,
+                belady=belady / done, decisions_per_s=done / seconds,
+                build_s=build, kept_bytes=kept_bytes,
+                peak_rss=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+                * 1024)
+
+
+def report_planner_window(args) -> None:
+    centres = [float(text) for text in args.planner_window_centres.split(',')]
+    print('Windows of epoch 2 centred at ' +
+          ', '.join(f'{centre:.3f}' for centre in centres) +
+          ' of it, one node of one rank, capacity 25% of the samples, '
+          "each window started from Belady's kept set:")
+    print('| samples per node | ticks simulated | hit % exact next uses | '
+          'Belady % | exact / Belady | decisions/s | kept set bytes / '
+          'sample | state built s | peak RSS MB |')
+    print('|---|---|---|---|---|---|---|---|---|')
+    for text in args.planner_window.split(','):
+        row = planner_window(int(float(text)),
+                             int(args.planner_window_ticks), centres)
+        print(f"| {row['samples']:.0e} | {row['ticks']} | "
+              f"{100 * row['hit_rate']:.2f} | {100 * row['belady']:.2f} | "
+              f"{row['hit_rate'] / row['belady']:.3f} | "
+              f"{row['decisions_per_s']:.0f} | "
+              f"{row['kept_bytes'] / row['samples']:.1f} | "
+              f"{row['build_s']:.0f} | {row['peak_rss'] / 1e6:.0f} |",
+              flush=True)
 
 
 # ------------------------------------------------- CPU per download

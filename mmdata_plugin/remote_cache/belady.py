@@ -7,9 +7,15 @@ kept for *later* reads than ``n`` are dropped to make room (their next read
 becomes a download), and if that is not enough, the sample is not kept
 (bypass). For equal sizes this is Belady's MIN, the most hits any policy
 can get; the online planner and the offline simulator share this class.
+
+The kept set lives in numpy arrays indexed by sample id (next use and
+size: 12 bytes a sample, plus ~4 bytes per kept sample for the eviction
+order, see :class:`BeladyCache`), so a node of 1e9 samples with a quarter
+kept plans in ~13 GB, where Python dicts and heap tuples cost ~250 bytes
+a kept sample (62 GB).
 """
 import heapq
-from typing import Dict, List, NamedTuple, Optional
+from typing import List, NamedTuple, Optional, Tuple
 
 import numpy as np
 
@@ -20,6 +26,19 @@ NEVER = -1
 #: nothing sooner needs, and dropped first (for one shuffled stream that
 #: is keep-a-fixed-set, its optimum). Read while kept, it is a hit.
 BEYOND = 1 << 62
+
+#: ``BeladyCache._until`` of a sample not kept.
+_NOT_KEPT = np.iinfo(np.int64).min
+#: ``BeladyCache._until`` of a sample taken as a victim by ``admit`` that
+#: may still be put back (its other heap entries must not surface).
+_TAKEN = _NOT_KEPT + 1
+#: Fewest entries of the front (the kept samples needed furthest ahead,
+#: in eviction order); it holds a 64th of the kept set beyond this, so
+#: refills (a scan of every sample) come every ``kept / 64`` evictions.
+_FRONT_MIN = 1 << 16
+#: Samples scanned at once when the front is refilled (bounds the scan's
+#: work arrays).
+_SCAN = 1 << 22
 
 
 class Decision(NamedTuple):
@@ -37,8 +56,24 @@ class Decision(NamedTuple):
     dropped: List[int]
 
 
+def _furthest_first(untils: np.ndarray, samples: np.ndarray) -> np.ndarray:
+    """Order of ``(untils, samples)`` pairs, the one to drop first last:
+    by next use, ties by the higher sample id first."""
+    return np.lexsort((-samples, untils))
+
+
 class BeladyCache:
     """The set of kept samples under a byte budget.
+
+    Per sample id (arrays grown to the highest id seen): its next use while
+    kept (int64) and its size (uint32, int64 once a sample of 4 GiB or more
+    is kept): 12 bytes a sample, 1.2 GB for 1e8. What the eviction order
+    needs beyond that is O(kept / 64): the *front*, the kept samples needed
+    furthest ahead in eviction order (numpy arrays, 16 bytes an entry,
+    refilled by a scan of the arrays when used up), and a heap of the
+    samples kept since the front was filled with a next use past its least
+    one (at most twice the front, ~128 bytes an entry; a refill folds it
+    in).
 
     Args:
         capacity (int): Bytes the kept samples may use.
@@ -47,32 +82,159 @@ class BeladyCache:
     def __init__(self, capacity: int) -> None:
         self.capacity = int(capacity)
         self.used = 0
-        self.until: Dict[int, int] = {}
-        self.sizes: Dict[int, int] = {}
-        # Max-heap by next use (negated); entries whose sample is gone or
-        # was re-kept for another read are skipped when they surface.
-        self._heap: list = []
+        self.count = 0
+        self._until = np.full(0, _NOT_KEPT, np.int64)
+        self._size = np.zeros(0, np.uint32)
+        self._size_max = np.iinfo(np.uint32).max
+        # The front: kept samples in eviction order (furthest needed
+        # last), read from index _top down; every kept sample whose
+        # (next use, -id) is at least _floor's is in it or in _late.
+        # Entries of samples since dropped or kept for another read are
+        # skipped when they surface.
+        self._front_until = np.empty(0, np.int64)
+        self._front_sample = np.empty(0, np.int64)
+        self._top = -1
+        self._floor: Optional[Tuple[int, int]] = None
+        # Max-heap (negated next use, id) of samples kept past _floor.
+        self._late: list = []
+        self._late_limit = 2 * _FRONT_MIN
+
+    # -- per-sample arrays ---------------------------------------------------
+
+    def _grow(self, sample: int) -> None:
+        if sample < 0:
+            raise ValueError(f'sample ids must be >= 0, got {sample}')
+        # Ids are dense (a data set's indices): grow by an eighth.
+        length = max(sample + 1, len(self._until) + len(self._until) // 8)
+        until = np.full(length, _NOT_KEPT, np.int64)
+        until[:len(self._until)] = self._until
+        size = np.zeros(length, self._size.dtype)
+        size[:len(self._size)] = self._size
+        self._until, self._size = until, size
+
+    def _until_of(self, sample: int) -> int:
+        if 0 <= sample < len(self._until):
+            return self._until.item(sample)
+        return _NOT_KEPT
+
+    def __contains__(self, sample: int) -> bool:
+        return self._until_of(sample) > _TAKEN
+
+    def next_use(self, sample: int) -> Optional[int]:
+        """The tick ``sample`` is kept until, or None when not kept."""
+        until = self._until_of(sample)
+        return until if until > _TAKEN else None
+
+    def kept(self) -> np.ndarray:
+        """Ids of the kept samples, ascending."""
+        return np.flatnonzero(self._until > _TAKEN)
+
+    def kept_by_next_use(self) -> Tuple[np.ndarray, np.ndarray]:
+        """``(samples, next uses)`` of the kept samples, the one needed
+        furthest ahead first."""
+        samples = self.kept()
+        untils = self._until[samples]
+        order = _furthest_first(untils, samples)[::-1]
+        return samples[order], untils[order]
 
     def _discard(self, sample: int) -> None:
-        del self.until[sample]
-        self.used -= self.sizes.pop(sample)
-
-    def _furthest(self):
-        while self._heap:
-            negative, sample = self._heap[0]
-            if self.until.get(sample) == -negative:
-                return -negative, sample
-            heapq.heappop(self._heap)
-        return None
+        self._until[sample] = _NOT_KEPT
+        self.used -= self._size.item(sample)
+        self.count -= 1
 
     def keep(self, sample: int, until: int, size: int) -> None:
         """Count ``sample`` as kept until tick ``until`` (already on disk)."""
-        if sample in self.until:
+        if sample >= len(self._until) or sample < 0:
+            self._grow(sample)
+        if self._until.item(sample) > _TAKEN:
             self._discard(sample)
-        self.until[sample] = until
-        self.sizes[sample] = size
+        if size > self._size_max:
+            self._size = self._size.astype(np.int64)
+            self._size_max = np.iinfo(np.int64).max
+        self._until[sample] = until
+        self._size[sample] = size
         self.used += size
-        heapq.heappush(self._heap, (-until, sample))
+        self.count += 1
+        if self._floor is None or (until, -sample) >= self._floor:
+            heapq.heappush(self._late, (-until, sample))
+            if len(self._late) > self._late_limit:
+                self._refill()
+
+    def keep_all(self, samples: np.ndarray, untils: np.ndarray,
+                 sizes: np.ndarray) -> None:
+        """:meth:`keep` for many samples at once (distinct ids)."""
+        samples = np.asarray(samples, np.int64)
+        if len(np.unique(samples)) != len(samples):
+            raise ValueError('keep_all needs distinct sample ids')
+        if not len(samples):
+            return
+        if samples.min() < 0 or samples.max() >= len(self._until):
+            self._grow(int(samples.max() if samples.min() >= 0 else
+                           samples.min()))
+        sizes = np.asarray(sizes, np.int64)
+        if sizes.max() > self._size_max:
+            self._size = self._size.astype(np.int64)
+            self._size_max = np.iinfo(np.int64).max
+        was = samples[self._until[samples] > _TAKEN]
+        self.used -= int(self._size[was].sum())
+        self._until[samples] = untils
+        self._size[samples] = sizes
+        self.used += int(sizes.sum())
+        self.count += len(samples) - len(was)
+        self._refill()
+
+    # -- eviction order ------------------------------------------------------
+
+    def _refill(self) -> None:
+        """Fill the front with the kept samples needed furthest ahead (a
+        scan of every sample, in slices)."""
+        size = max(_FRONT_MIN, self.count >> 6)
+        self._late_limit = 2 * size
+        untils = np.empty(0, np.int64)
+        samples = np.empty(0, np.int64)
+        for start in range(0, len(self._until), _SCAN):
+            part = self._until[start:start + _SCAN]
+            least = untils[0] if len(untils) == size else _TAKEN + 1
+            chosen = np.flatnonzero(part >= least)
+            untils = np.concatenate([untils, part[chosen]])
+            samples = np.concatenate([samples, chosen + start])
+            order = _furthest_first(untils, samples)[-size:]
+            untils, samples = untils[order], samples[order]
+        self._front_until, self._front_sample = untils, samples
+        self._top = len(untils) - 1
+        self._floor = ((untils.item(0), -samples.item(0))
+                       if len(untils) == size else None)
+        self._late = []
+
+    def _furthest(self) -> Optional[Tuple[int, int, bool]]:
+        """``(next use, sample, from the front)`` of the kept sample needed
+        furthest ahead (ties: the lowest id), or None when none is kept."""
+        until, sample = self._front_until, self._front_sample
+        while True:
+            while self._top >= 0 and until.item(self._top) != \
+                    self._until.item(sample.item(self._top)):
+                self._top -= 1
+            while self._late and -self._late[0][0] != \
+                    self._until.item(self._late[0][1]):
+                heapq.heappop(self._late)
+            if self._top >= 0:
+                front = (until.item(self._top), sample.item(self._top))
+                if not self._late or (front[0], -front[1]) > (
+                        -self._late[0][0], -self._late[0][1]):
+                    return front + (True, )
+            if self._late:
+                return -self._late[0][0], self._late[0][1], False
+            if self._floor is None or not self.count:
+                return None
+            # Used up, yet samples needed sooner are kept.
+            self._refill()
+            until, sample = self._front_until, self._front_sample
+
+    def _pop(self, from_front: bool) -> None:
+        if from_front:
+            self._top -= 1
+        else:
+            heapq.heappop(self._late)
 
     def resize(self, capacity: int) -> List[int]:
         """Set the capacity to ``capacity``; the samples dropped to fit,
@@ -80,29 +242,49 @@ class BeladyCache:
         self.capacity = int(capacity)
         dropped = []
         while self.used > self.capacity:
-            _, sample = self._furthest()
-            heapq.heappop(self._heap)
+            _, sample, from_front = self._furthest()
+            self._pop(from_front)
             self._discard(sample)
             dropped.append(sample)
         return dropped
 
-    def kept_by_next_use(self):
-        """Kept samples, the one needed furthest ahead first."""
-        return sorted(self.until, key=self.until.get, reverse=True)
+    # -- reads ---------------------------------------------------------------
 
     def access(self, tick: int, sample: int, size: int,
                next_use: int) -> Decision:
         """Read ``sample`` at ``tick``; ``next_use`` is its next tick or
         :data:`NEVER`."""
-        hit = self.until.get(sample) in (tick, BEYOND)
-        if sample in self.until:
-            self._discard(sample)
-        if next_use == NEVER:
-            return Decision(tick, sample, hit, None, [])
-        dropped = self.admit(sample, next_use, size)
+        hit, dropped = self._read(tick, sample, size, next_use)
         if dropped is None:
             return Decision(tick, sample, hit, None, [])
         return Decision(tick, sample, hit, next_use, dropped)
+
+    def hits(self, ticks: np.ndarray, samples: np.ndarray,
+             sizes: np.ndarray, next_uses: np.ndarray) -> np.ndarray:
+        """:meth:`access` for reads in tick order; only whether each hit
+        (the simulator's and the benchmark's path: no Decision per read).
+        """
+        found = np.empty(len(ticks), bool)
+        read = self._read
+        for index, (tick, sample, size, next_use) in enumerate(
+                zip(ticks.tolist(), samples.tolist(), sizes.tolist(),
+                    next_uses.tolist())):
+            found[index] = read(tick, sample, size, next_use)[0]
+        return found
+
+    def _read(self, tick: int, sample: int, size: int,
+              next_use: int) -> Tuple[bool, Optional[List[int]]]:
+        """Whether the read hits, and the samples dropped to keep it (None:
+        not kept)."""
+        if sample >= len(self._until) or sample < 0:
+            self._grow(sample)
+        until = self._until.item(sample)
+        hit = until == tick or until == BEYOND
+        if until > _TAKEN:
+            self._discard(sample)
+        if next_use == NEVER:
+            return hit, None
+        return hit, self.admit(sample, next_use, size)
 
     def admit(self, sample: int, until: int,
               size: int) -> Optional[List[int]]:
@@ -118,13 +300,17 @@ class BeladyCache:
             top = self._furthest()
             if top is None or top[0] <= until:
                 break
-            heapq.heappop(self._heap)
-            victims.append(top)
-            freed += self.sizes[top[1]]
+            later, victim, from_front = top
+            self._pop(from_front)
+            # (its other entries, if any, no longer match)
+            self._until[victim] = _TAKEN
+            victims.append((later, victim))
+            freed += self._size.item(victim)
         if self.used - freed + size > self.capacity:
             # Not enough is needed later than this sample: keep them all.
             for later, victim in victims:
-                heapq.heappush(self._heap, (-later, victim))
+                self._until[victim] = later
+                heapq.heappush(self._late, (-later, victim))
             return None
         dropped = []
         for _, victim in victims:

@@ -40,13 +40,10 @@ def _size_lookup(sizes: Union[int, Sequence[int], np.ndarray]):
 
 
 def belady_bypass(trace: np.ndarray, size_of, capacity: int) -> np.ndarray:
-    cache = BeladyCache(capacity)
-    following = next_uses(trace)
-    return np.fromiter(
-        (cache.access(tick, sample, size_of(sample), next_use).hit
-         for tick, (sample, next_use) in enumerate(
-             zip(trace.tolist(), following.tolist()))),
-        bool, len(trace))
+    sizes = np.fromiter((size_of(sample) for sample in trace.tolist()),
+                        np.int64, len(trace))
+    return BeladyCache(capacity).hits(
+        np.arange(len(trace)), trace, sizes, next_uses(trace))
 
 
 def lru(trace: np.ndarray, size_of, capacity: int) -> np.ndarray:

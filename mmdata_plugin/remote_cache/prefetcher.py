@@ -224,7 +224,7 @@ class NodePrefetcher:
         self.planner.cache.capacity = self.store.limit - self.reserve
         with self._lock:
             self.planner.adopt(present)
-            for sample in self.planner.cache.until:
+            for sample in self.planner.cache.kept().tolist():
                 self._book(sample)
 
     def needed_reserve(self) -> int:
@@ -346,7 +346,7 @@ class NodePrefetcher:
         urls = self._urls.get(sample)
         if urls is None:
             return []
-        kept = sample in self.planner.cache.until
+        kept = sample in self.planner.cache
         if not urls:
             return [] if kept else self._unbook(sample)
         reads = self._reads.get(sample, 0)
@@ -446,9 +446,10 @@ class NodePrefetcher:
             # it within the window is still ahead (the reader would find
             # nothing and download it again).
             kept = [] if self.planner is None else [
-                sample for sample in self.planner.cache.kept_by_next_use()
-                if self.planner.cache.until[sample] >= soon
-                and not self._reads.get(sample)
+                sample for sample, until in zip(
+                    *(part.tolist()
+                      for part in self.planner.cache.kept_by_next_use()))
+                if until >= soon and not self._reads.get(sample)
             ]
             leaving = list(self._leaving)
         for url in leaving:
@@ -703,7 +704,7 @@ class NodePrefetcher:
         (the plan freed it) while the download waited for a thread or for
         that reader's download of the same file."""
         with self._lock:
-            if url in self._staged or sample in self.planner.cache.until:
+            if url in self._staged or sample in self.planner.cache:
                 return True
             self.stats['read_before_download'] += 1
             return False

@@ -121,30 +121,55 @@ class StreamPlanner:
     def adopt(self, present: Iterable[int]) -> None:
         """Count samples already on disk (a restart) as kept for their
         first read, soonest first, as far as the capacity allows."""
-        present = set(present)
-        if not present:
+        present = np.fromiter(present, np.int64)
+        if not len(present):
             return
         ids = self.lookahead(self.horizon)
-        first = {}
-        for offset, sample in enumerate(ids.tolist()):
-            if sample in present and sample not in first:
-                first[sample] = self.tick + offset
-        for sample, tick in sorted(first.items(), key=lambda item: item[1]):
-            size = self.size_of(sample)
-            if self.cache.used + size > self.cache.capacity:
-                break
-            self.cache.keep(sample, tick, size)
+        ticks = np.flatnonzero(np.isin(ids, present))
+        samples, first = np.unique(ids[ticks], return_index=True)
+        soonest = np.argsort(first, kind='stable')
+        samples, ticks = samples[soonest], self.tick + ticks[first[soonest]]
+        sizes = np.fromiter(map(self.size_of, samples.tolist()), np.int64,
+                            len(samples))
+        fits = np.cumsum(sizes) <= self.cache.capacity - self.cache.used
+        # (the first that does not fit ends it, as one by one)
+        count = len(fits) if fits.all() else int(np.argmin(fits))
+        self.cache.keep_all(samples[:count], ticks[:count], sizes[:count])
+
+    def _block_offset(self) -> int:
+        """The index of the next tick in the loaded block (loading the
+        next block when it is used up)."""
+        offset = self.tick - self._block_start
+        if offset >= len(self._ids):
+            self._load_block()
+            offset = 0
+        return offset
 
     def decide(self) -> Optional[Decision]:
         """The decision for the next tick; None once ``stop`` is reached."""
         if self.stop is not None and self.tick >= self.stop:
             return None
-        offset = self.tick - self._block_start
-        if offset >= len(self._ids):
-            self._load_block()
-            offset = 0
+        offset = self._block_offset()
         sample = int(self._ids[offset])
         decision = self.cache.access(self.tick, sample, self.size_of(sample),
                                      int(self._next[offset]))
         self.tick += 1
         return decision
+
+    def hits(self, stop: int) -> np.ndarray:
+        """Decide the ticks up to ``stop`` (or the planner's stop) as
+        :meth:`decide` does; whether each read hits (the simulation's path:
+        a block of reads at once, no Decision per read)."""
+        stop = self._end(stop)
+        found = [np.empty(0, bool)]
+        while self.tick < stop:
+            offset = self._block_offset()
+            end = min(len(self._ids), offset + stop - self.tick)
+            ids = self._ids[offset:end]
+            sizes = np.fromiter(map(self.size_of, ids.tolist()), np.int64,
+                                len(ids))
+            found.append(
+                self.cache.hits(np.arange(self.tick, self.tick + len(ids)),
+                                ids, sizes, self._next[offset:end]))
+            self.tick += len(ids)
+        return np.concatenate(found)

@@ -10,6 +10,7 @@ from torch.utils.data import BatchSampler
 
 from mmdata_plugin.cache.node_store import NodeStore
 from mmdata_plugin.datasets import GrowingWindowSampler, RankShardedSampler
+from mmdata_plugin.remote_cache.belady import BeladyCache
 from mmdata_plugin.remote_cache.cache_simulator import simulate
 from mmdata_plugin.remote_cache.consumption_cursors import (CursorReader,
                                                             CursorWriter)
@@ -156,8 +157,9 @@ def test_kept_files_are_evicted_needed_furthest_ahead_first(tmp_path):
     prefetcher.close()
     cache = prefetcher.planner.cache
     next_read = {
-        url: cache.until[sample]
-        for sample in cache.until for url in prefetcher._urls[sample]
+        url: cache.next_use(sample)
+        for sample in cache.kept().tolist()
+        for url in prefetcher._urls[sample]
     }
     order = [
         next_read[url] for _, url in prefetcher.victims()
@@ -174,7 +176,7 @@ def test_a_shared_file_stays_staged_for_its_other_reader(tmp_path):
         return files(0)  # two persons of one picture
 
     prefetcher, *_ = build(tmp_path, urls=urls)
-    prefetcher.planner = mock.Mock(cache=mock.Mock(until={}))
+    prefetcher.planner = mock.Mock(cache=BeladyCache(0))
     prefetcher.marks.reset()
     for sample in (0, 1):  # both read ahead, neither kept
         prefetcher._book(sample)
@@ -277,8 +279,8 @@ def test_the_store_never_evicts_a_kept_file_before_a_read_ahead(tmp_path):
     cache = prefetcher.planner.cache
     waiting = {
         url
-        for sample in cache.until
-        if cache.until[sample] >= soon and prefetcher._reads.get(sample)
+        for sample in cache.kept().tolist()
+        if cache.next_use(sample) >= soon and prefetcher._reads.get(sample)
         for url in prefetcher._urls[sample]
     }
     assert waiting
@@ -310,7 +312,7 @@ def test_auto_reserve_is_what_the_window_needs(tmp_path):
     prefetcher._urls[10**6] = []
     prefetcher._resize_reserve()
     assert prefetcher.reserve == 100 * SIZE
-    assert 10**6 not in cache.until and cache.used <= 1900 * SIZE
+    assert 10**6 not in cache and cache.used <= 1900 * SIZE
     prefetcher.close()
 
 

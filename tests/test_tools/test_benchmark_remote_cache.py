@@ -1,5 +1,7 @@
 """tools/benchmark_remote_cache.py end to end, shrunk to seconds."""
+import importlib.util
 import json
+import os.path as osp
 import sys
 
 from helpers import REPO_ROOT
@@ -61,6 +63,40 @@ def test_planner_scale_is_measured_against_belady():
                       timeout=300).stdout
     row = out.strip().splitlines()[-1].split('|')
     assert row[1].strip() == '2e+04' and float(row[5]) >= 0.95
+
+
+def load_tool():
+    spec = importlib.util.spec_from_file_location(
+        'benchmark_remote_cache',
+        osp.join(REPO_ROOT, 'tools', 'benchmark_remote_cache.py'))
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    return tool
+
+
+def test_window_state_is_the_kept_set_of_a_whole_run():
+    # The simulated windows start from the kept set that a run from tick 0
+    # has there: at epoch starts, within the samples kept from the epoch
+    # before, across their end and past it.
+    tool = load_tool()
+    from mmdata_plugin.remote_cache.stream_planner import StreamPlanner
+    stream = tool._scale_stream(2000, 1, 3)
+    planner = StreamPlanner(stream, 500, lambda sample: 1)
+    for tick in (2000, 2001, 2300, 2499, 2500, 2501, 3200, 3999, 4000,
+                 5100):
+        planner.hits(tick)
+        samples, untils = tool.one_node_belady_state(stream, 500, tick)
+        kept = planner.cache.kept()
+        assert sorted(zip(samples.tolist(), untils.tolist())) == [
+            (sample, planner.cache.next_use(sample))
+            for sample in kept.tolist()
+        ], tick
+
+
+def test_planner_windows_reach_belady():
+    row = load_tool().planner_window(4000, 3000)
+    assert row['ticks'] == 3000 and row['hit_rate'] == row['belady']
+    assert 0 < row['belady'] < 1 and row['kept_bytes'] > 4000 * 12
 
 
 def test_download_cpu_is_measured_clean_and_with_corrupt_bodies(tmp_path):
