@@ -93,3 +93,23 @@ def test_the_epoch_loop_fed_by_ray_gives_the_local_stream_and_resumes(
         tmp_path / 'ray', dict(num_actors=1, **ON_DATA_NODES), resume=True,
         load_from=str(tmp_path / 'ray' / 'iter_4.pth'))
     assert resumed == local[4:]
+
+
+def test_a_one_rank_checkpoint_resumes_on_two_ranks_fed_by_ray(
+        cluster, two_ranks, tmp_path):
+    # The other way round: 4 iterations on one rank (8 positions), then
+    # two ranks fed by Ray continue the global stream from position 8,
+    # rank r taking positions 8 + r, 10 + r, ...
+    ray_hook = dict(address=cluster.address, num_actors=1, **ON_DATA_NODES)
+    train_probed(tmp_path / 'one', ray_hook, train_cfg=_iter_loop(4))
+    spawn_gloo(train_ranks, world_size=2, args=([
+        (str(tmp_path / 'two'), ray_hook,
+         dict(train_cfg=_iter_loop(8), resume=True,
+              load_from=str(tmp_path / 'one' / 'iter_4.pth'))),
+    ], ))
+    trained = 4 * BATCH
+    after = samples_by_position(tmp_path / 'two', 2, BATCH, first_iter=4,
+                                start=trained)
+    assert sorted(after) == list(range(trained, trained + 4 * BATCH * 2))
+    reference = samples_by_position(two_ranks / 'local', 2, BATCH)
+    assert after == {p: reference[p] for p in after}
