@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from ..utils.receipt_stamp import ReceiptStamp
+from ..utils.shared_bytes import new_shared_bytes
 from .block_slots import lease, worker_slots
 
 #: Tensors/arrays smaller than this are kept apart from the pixels (see the
@@ -48,22 +49,15 @@ def _aligned(offset: int) -> int:
 
 
 def _new_shared_block(nbytes: int) -> Tuple[torch.Tensor, bool]:
-    """A uint8 tensor whose storage already lives in shared memory, and
-    whether it is a slot the worker writes again (see :mod:`.block_slots`).
-
-    Inside a DataLoader worker torch moves a returned tensor's storage to
-    shared memory with a full copy; a storage made shared from the start
-    (what torch's own ``default_collate`` does, through the same private
-    ``_new_shared``) is sent as it is.
-    """
+    """A uint8 tensor whose storage already lives in shared memory (inside
+    a DataLoader worker), and whether it is a slot the worker writes again
+    (see :mod:`.block_slots`)."""
     if torch.utils.data.get_worker_info() is None:
         return torch.empty(nbytes, dtype=torch.uint8), False
     payload = worker_slots().take(nbytes)
     if payload is not None:
         return payload, True
-    storage = torch.UntypedStorage._new_shared(nbytes)
-    return torch.empty(0, dtype=torch.uint8).set_(storage, 0, (nbytes, ),
-                                                  (1, )), False
+    return new_shared_bytes(nbytes), False
 
 
 class Stacked:

@@ -18,6 +18,8 @@ from typing import List, Optional
 import numpy as np
 import torch
 
+from ..utils.shared_bytes import new_shared_bytes, storage_bytes
+
 #: Bytes before a slot's payload; byte 0 is the busy flag.
 HEADER_BYTES = 64
 #: Slots a worker keeps at most: the batches it has in flight (the
@@ -33,9 +35,7 @@ class _Slot:
     __slots__ = ('block', 'flag')
 
     def __init__(self, nbytes: int) -> None:
-        storage = torch.UntypedStorage._new_shared(nbytes)
-        self.block = torch.empty(0, dtype=torch.uint8).set_(
-            storage, 0, (nbytes, ), (1, ))
+        self.block = new_shared_bytes(nbytes)
         self.flag = self.block[:1].numpy()
         self.flag[0] = _FREE
 
@@ -110,10 +110,9 @@ def lease(payload: torch.Tensor) -> torch.Tensor:
         Tensor: The same bytes; when it and every view of it are gone, the
         worker may write the slot again.
     """
-    header = torch.empty(0, dtype=torch.uint8).set_(
-        payload.untyped_storage(), 0, (1, ), (1, ))
+    flag = storage_bytes(payload.untyped_storage())[:1].numpy()
     array = payload.numpy()
     # torch.from_numpy keeps `array` alive exactly as long as any tensor
     # viewing these bytes: its finalizer runs when the last one dies.
-    weakref.finalize(array, _release, header.numpy())
+    weakref.finalize(array, _release, flag)
     return torch.from_numpy(array)

@@ -19,6 +19,8 @@ import numpy as np
 import torch
 from numpy.lib import format as npy_format
 
+from ..utils.shared_bytes import new_shared_bytes, storage_bytes
+
 
 class ArrayFileError(ValueError):
     """An array file is truncated, malformed or not what the config says."""
@@ -139,16 +141,11 @@ def _kernel_copied_shared(file, offset: int, nbytes: int,
 
 def _read_into_shared(file, offset: int, nbytes: int,
                       shown: str) -> torch.UntypedStorage:
-    """The portable path: ``readinto`` a segment torch allocates shared.
-
-    torch's public ``share_memory_()`` moves an existing storage into shared
-    memory by copying it; DataLoader's collate allocates its shared batches
-    with this private constructor for the same reason.
-    """
-    storage = torch.UntypedStorage._new_shared(nbytes)
+    """The portable path: ``readinto`` a segment torch allocates shared."""
+    block = new_shared_bytes(nbytes)
     file.seek(offset)
-    _read_fully(file, memoryview(_storage_bytes(storage)), shown)
-    return storage
+    _read_fully(file, memoryview(block.numpy()), shown)
+    return block.untyped_storage()
 
 
 def read_array(path: str,
@@ -200,12 +197,9 @@ def read_array(path: str,
         else:
             storage = torch.UntypedStorage(nbytes)
             file.seek(layout.offset)
-            _read_fully(file, memoryview(_storage_bytes(storage)), shown)
+            _read_fully(file, memoryview(storage_bytes(storage).numpy()),
+                        shown)
     return _as_tensor(storage, layout)
-
-
-def _storage_bytes(storage: torch.UntypedStorage) -> np.ndarray:
-    return torch.tensor([], dtype=torch.uint8).set_(storage).numpy()
 
 
 def _read_fully(file, buffer: memoryview, shown: str) -> None:
