@@ -7,7 +7,7 @@ from urllib.parse import quote, urljoin, urlsplit
 from .errors import (RemoteIOError, RemoteUnavailableError, RetryableError,
                      error_for_status)
 from .http_connections import (STALE_CONNECTION, Connection, HostConnections,
-                               Response)
+                               ProxyRefused, Response)
 from .remote_backend import RemoteBackend, RemoteBody, RemoteStat
 
 _CONTENT_RANGE = re.compile(r'bytes (\d+)-(\d+)/(\d+|\*)')
@@ -38,7 +38,9 @@ class HTTPRemoteBackend(RemoteBackend):
     sent on to another host). Responses are streamed and checked against
     their ``Content-Length``; 5xx, 408, 429, timeouts, resets, refused
     connections and truncated bodies are retried with jittered exponential
-    backoff; 404/401/403 fail at once, naming the URL.
+    backoff; 404/401/403 fail at once, naming the URL. The environment's
+    ``http_proxy`` / ``https_proxy`` / ``no_proxy`` are followed (see
+    :mod:`.http_connections`).
 
     Args:
         headers (dict, optional): Sent with every request, e.g.
@@ -118,7 +120,10 @@ class HTTPRemoteBackend(RemoteBackend):
         """One request to ``target`` (``url`` or where it redirected);
         errors name ``url``."""
         scheme, host, port, head = request_head(url, method, target, headers)
-        connection = self.client.take(scheme, host, port)
+        try:
+            connection = self.client.take(scheme, host, port)
+        except ValueError as error:  # a proxy setting we cannot use
+            raise RemoteUnavailableError(url, str(error)) from None
         try:
             try:
                 reused = connection.is_open
@@ -129,6 +134,10 @@ class HTTPRemoteBackend(RemoteBackend):
                 response = connection.request(method, head)
         except ssl.SSLError as error:
             raise RemoteUnavailableError(url, f'TLS error: {error}') from None
+        except ProxyRefused as error:
+            if error.status in (403, 407):
+                raise RemoteUnavailableError(url, str(error)) from None
+            raise RetryableError(str(error)) from None
         except OSError as error:
             raise RetryableError(
                 f'{type(error).__name__}: {error}') from None

@@ -13,11 +13,20 @@ object is made per body: 100 KB arrive in one call.
 Framing follows RFC 9112: no body for ``HEAD``, 1xx, 204 and 304; else
 ``Transfer-Encoding: chunked``, else ``Content-Length``, else the body
 ends when the server closes the connection.
+
+Proxies are those of the environment (``http_proxy``, ``https_proxy``,
+``no_proxy``, read as urllib and botocore read them): boto3 honoured them
+for s3:// before its GETs came here, and a cluster whose object store is
+reachable only through a proxy must keep working. https:// goes through a
+``CONNECT`` tunnel, http:// as an absolute-form request to the proxy.
 """
+import base64
 import socket
 import ssl
 import threading
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, NamedTuple, Optional, Tuple
+from urllib.parse import unquote, urlsplit
+from urllib.request import getproxies_environment, proxy_bypass_environment
 
 #: Bytes the body of one response is read in at most (a 100 KB object in
 #: one read).
@@ -30,6 +39,48 @@ MAX_HEADERS = 100
 class BadResponse(ConnectionError):
     """The server's answer is not HTTP/1.x (worth a retry: a proxy or
     server that broke off mid-answer)."""
+
+
+class ProxyRefused(ConnectionError):
+    """The proxy answered a tunnel request with an error status (e.g. 407:
+    proxy credentials missing or wrong; 403: the destination is not
+    allowed)."""
+
+    def __init__(self, proxy: 'Proxy', status: int, reason: str) -> None:
+        super().__init__(f'the proxy {proxy.host}:{proxy.port} refused the '
+                         f'tunnel: HTTP {status} {reason}')
+        self.status = status
+
+
+class Proxy(NamedTuple):
+    """A forward proxy: where it listens and the ``Proxy-Authorization``
+    value of the credentials in its URL (None without)."""
+    host: str
+    port: int
+    authorization: Optional[str]
+
+
+def environment_proxy(scheme: str, host: str) -> Optional[Proxy]:
+    """The proxy the environment names for ``scheme://host`` (None: go
+    direct, ``no_proxy`` included)."""
+    proxies = getproxies_environment()
+    url = proxies.get(scheme)
+    if not url or proxy_bypass_environment(host, proxies):
+        return None
+    if '://' not in url:
+        url = 'http://' + url
+    parts = urlsplit(url)
+    if parts.scheme != 'http' or not parts.hostname:
+        raise ValueError(
+            f'{scheme}_proxy={url!r}: only http:// proxies are supported '
+            '(a CONNECT tunnel carries https:// inside it)')
+    authorization = None
+    if parts.username is not None:
+        credentials = f'{unquote(parts.username)}:' \
+                      f'{unquote(parts.password or "")}'
+        authorization = 'Basic ' + base64.b64encode(
+            credentials.encode()).decode('ascii')
+    return Proxy(parts.hostname, parts.port or 80, authorization)
 
 
 class ClosedBeforeAnswer(ConnectionResetError):
@@ -146,18 +197,24 @@ class Connection:
     Connects under ``connect_timeout`` (TLS handshake included), then
     waits at most ``read_timeout`` for each read: the longest silence
     allowed before the first byte or between two parts of a body (a slow
-    but steady transfer is not cut).
+    but steady transfer is not cut). Through ``proxy`` when given.
     """
 
-    def __init__(self, scheme: str, host: str, port: int,
-                 connect_timeout: float, read_timeout: float,
-                 context: Optional[ssl.SSLContext]) -> None:
+    def __init__(self,
+                 scheme: str,
+                 host: str,
+                 port: int,
+                 connect_timeout: float,
+                 read_timeout: float,
+                 context: Optional[ssl.SSLContext],
+                 proxy: Optional[Proxy] = None) -> None:
         self.scheme = scheme
         self.host = host
         self.port = port
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
         self.context = context
+        self.proxy = proxy
         self.buffer = memoryview(bytearray(BUFFER_SIZE))
         self.sock: Optional[socket.socket] = None
         self.reader = None
@@ -166,11 +223,19 @@ class Connection:
     def is_open(self) -> bool:
         return self.sock is not None
 
+    @property
+    def _authority(self) -> str:
+        host = f'[{self.host}]' if ':' in self.host else self.host
+        return f'{host}:{self.port}'
+
     def _open(self) -> None:
-        sock = socket.create_connection((self.host, self.port),
-                                        self.connect_timeout)
+        peer = ((self.host, self.port) if self.proxy is None else
+                (self.proxy.host, self.proxy.port))
+        sock = socket.create_connection(peer, self.connect_timeout)
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self.proxy is not None and self.scheme == 'https':
+                self._tunnel(sock)
             if self.context is not None:
                 sock = self.context.wrap_socket(sock,
                                                 server_hostname=self.host)
@@ -181,11 +246,41 @@ class Connection:
         self.sock = sock
         self.reader = sock.makefile('rb')
 
+    def _tunnel(self, sock: socket.socket) -> None:
+        """Ask the proxy for a tunnel to the origin (TLS then runs inside
+        it, end to end)."""
+        sock.settimeout(self.connect_timeout)
+        lines = [f'CONNECT {self._authority} HTTP/1.1',
+                 f'Host: {self._authority}']
+        if self.proxy.authorization:
+            lines.append(f'Proxy-Authorization: {self.proxy.authorization}')
+        sock.sendall(('\r\n'.join(lines) + '\r\n\r\n').encode('latin-1'))
+        # Unbuffered: the bytes after the proxy's answer are the origin's
+        # (its TLS handshake), not this reader's.
+        reader = sock.makefile('rb', buffering=0)
+        status, reason, _ = _status_line(reader)
+        _header_block(reader)
+        if not 200 <= status < 300:
+            raise ProxyRefused(self.proxy, status, reason)
+
+    def _through_proxy(self, head: bytes) -> bytes:
+        """``head`` as a forward proxy takes it: the absolute URL as the
+        request target, and the proxy's credentials."""
+        method, _, rest = head.partition(b' ')
+        line_end = rest.index(b'\r\n')
+        extra = (b'\r\nProxy-Authorization: ' +
+                 self.proxy.authorization.encode('latin-1')
+                 if self.proxy.authorization else b'')
+        return (method + b' http://' + self._authority.encode('latin-1') +
+                rest[:line_end] + extra + rest[line_end:])
+
     def request(self, method: str, head: bytes) -> Response:
         """Send ``head`` (request line and headers) and read the answer's
         status and headers."""
         if self.sock is None:
             self._open()
+        if self.proxy is not None and self.scheme == 'http':
+            head = self._through_proxy(head)
         try:
             self.sock.sendall(head)
             return Response(self, method)
@@ -239,7 +334,8 @@ class HostConnections:
                 return idle.pop()
         return Connection(scheme, host, port, self.connect_timeout,
                           self.read_timeout,
-                          self.context if scheme == 'https' else None)
+                          self.context if scheme == 'https' else None,
+                          environment_proxy(scheme, host))
 
     def give_back(self, connection: Connection) -> None:
         """Keep ``connection`` (its response read out) for the next request

@@ -5,6 +5,7 @@ from .distributed import (ProcessFailed, cpu_env, find_free_port, python_path,
 from .interrupt import last_checkpoint, run_until_checkpoint_then_kill
 from .loopback_http import FaultPlan, LoopbackHTTPServer, ServerStats
 from .memory import descendants, process_memory, total_memory
+from .loopback_proxy import LoopbackProxy
 from .moto_s3 import MotoS3Server
 
 __all__ = [
@@ -12,5 +13,5 @@ __all__ = [
     'run_command', 'run_torchrun', 'spawn_gloo', 'torchrun_command',
     'last_checkpoint', 'run_until_checkpoint_then_kill', 'descendants',
     'process_memory', 'total_memory', 'FaultPlan', 'LoopbackHTTPServer',
-    'ServerStats', 'MotoS3Server'
+    'ServerStats', 'LoopbackProxy', 'MotoS3Server'
 ]

@@ -1,3 +1,4 @@
+import contextlib
 import http.server
 import io
 import pickle
@@ -351,20 +352,32 @@ class _Files(http.server.SimpleHTTPRequestHandler):
         pass
 
 
-def test_https_checks_the_certificate_and_keeps_the_connection(tmp_path):
+@contextlib.contextmanager
+def tls_files(folder):
+    """An https:// server of ``folder`` (keep-alive, a self-signed
+    certificate for 127.0.0.1): its base URL and the certificate file."""
     import functools
     import ssl
     pytest.importorskip('cryptography')
-    cert_file, key_file = _self_signed_certificate(tmp_path)
-    (tmp_path / 'a.bin').write_bytes(blob(3, 100_000))
+    cert_file, key_file = _self_signed_certificate(folder)
+    _Files.connections = 0
     server = http.server.ThreadingHTTPServer(
-        ('127.0.0.1', 0), functools.partial(_Files, directory=str(tmp_path)))
+        ('127.0.0.1', 0), functools.partial(_Files, directory=str(folder)))
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(cert_file, key_file)
     server.socket = context.wrap_socket(server.socket, server_side=True)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    url = f'https://127.0.0.1:{server.server_address[1]}/a.bin'
     try:
+        yield f'https://127.0.0.1:{server.server_address[1]}', cert_file
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_https_checks_the_certificate_and_keeps_the_connection(tmp_path):
+    (tmp_path / 'a.bin').write_bytes(blob(3, 100_000))
+    with tls_files(tmp_path) as (origin, cert_file):
+        url = f'{origin}/a.bin'
         trusted = HTTPRemoteBackend(ca_certs=cert_file)
         data = blob(3, 100_000)
         assert trusted.get(url) == trusted.get(url) == data
@@ -376,6 +389,3 @@ def test_https_checks_the_certificate_and_keeps_the_connection(tmp_path):
                            f'{url}'):
             untrusted.get(url)
         assert untrusted.retry.retried == 0
-    finally:
-        server.shutdown()
-        server.server_close()
