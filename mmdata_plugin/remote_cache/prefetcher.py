@@ -41,7 +41,9 @@ from ..sample_order.node_stream import NodeStream
 from .consumption_cursors import CursorReader
 from .node_cache_backend import (NAMESPACE, DownloadNotWanted, RemoteReader,
                                  write_victims)
+from .file_holders import FileHolders
 from .read_once import ReadOnceMarks
+from .sample_sizes import SampleSizes
 from .stream_planner import StreamPlanner
 from .window_ahead import EnteringSamples
 
@@ -128,7 +130,7 @@ class NodePrefetcher:
         # kept), and the samples booking each file's digest (samples may
         # share a file: one per person of a picture, a repeated dataset).
         self._urls: Dict[int, List[str]] = {}
-        self._booked: Dict[str, set] = {}
+        self._booked = FileHolders()
         # Digests of files a reader read before the plan decided their
         # tick (a reader ahead of the plan downloads on demand), oldest
         # first.
@@ -138,7 +140,7 @@ class NodePrefetcher:
         self._staged_bytes = 0
         # digest -> (sample, url) of files marked to go at their read.
         self._marked: Dict[str, tuple] = {}
-        self._sizes: Dict[int, int] = {}
+        self._sizes = SampleSizes()
         # Growing windows: the next epoch's entering samples, and those
         # booked ahead whose first read the plan has not decided yet.
         self._entering = (EnteringSamples(stream)
@@ -172,10 +174,9 @@ class NodePrefetcher:
         return int(self._mean_size) if size is None else size
 
     def _learn_size(self, sample: int, size: int) -> None:
-        if sample not in self._sizes:
-            count = len(self._sizes)
+        count = self._sizes.count
+        if self._sizes.set(sample, size):
             self._mean_size += (size - self._mean_size) / (count + 1)
-        self._sizes[sample] = size
         self._largest_size = max(self._largest_size, size)
 
     def _download_hint(self, sample: int) -> int:
@@ -282,11 +283,9 @@ class NodePrefetcher:
             if not urls:
                 # Reads no file (its path keys are empty): nothing to
                 # download or keep.
-                self._sizes[sample] = 0
+                self._sizes.set(sample, 0)
             for url in urls:
-                holders = self._booked.setdefault(self._digest(url), set())
-                holders.add(sample)
-                if len(holders) > 1:
+                if self._booked.add(self._digest(url), sample) > 1:
                     # Another sample's read must not free it.
                     self._unmark(url)
         return urls
@@ -296,23 +295,19 @@ class NodePrefetcher:
         sample reads."""
         gone = []
         for url in self._urls.pop(sample):
-            digest = self._digest(url)
-            holders = self._booked.get(digest, set())
-            holders.discard(sample)
-            if not holders:
-                self._booked.pop(digest, None)
+            if self._booked.remove(self._digest(url), sample):
                 gone.append(url)
         return gone
 
     def _shared(self, url: str) -> bool:
-        return len(self._booked.get(self._digest(url), ())) > 1
+        return self._booked.count(self._digest(url)) > 1
 
     def _sharing(self, sample: int) -> set:
         """The other booked samples that read a file of ``sample``."""
         return {
             other
             for url in self._urls.get(sample, ())
-            for other in self._booked.get(self._digest(url), ())
+            for other in self._booked.of(self._digest(url))
             if other != sample
         }
 
@@ -476,7 +471,7 @@ class NodePrefetcher:
         for sample in kept:
             for url in self._urls.get(sample, ()):
                 with self._lock:
-                    holders = self._booked.get(self._digest(url), set())
+                    holders = self._booked.of(self._digest(url))
                     wanted = url not in seen and holders <= evictable
                 if wanted:
                     seen.add(url)
