@@ -28,7 +28,7 @@ from ..datasets.sample_seeded_dataset import SampleSeededDataset
 from ..utils.dataloader_slots import (dataloader_class_with_iter,
                                       rebind_dataloader_attribute)
 from ..utils.started_iterators import (restart_started_iterator,
-                                       shutdown_iterator)
+                                       shutdown_persistent_iterator)
 from .instrument import LoaderInstrumentation
 from .statistics import StatsBook, StepColumns
 from .verdict import build_report
@@ -245,9 +245,7 @@ class DataLoaderMonitor:
         if self._base_class is None:
             return
         loader = self.dataloader
-        if getattr(loader, '_iterator', None) is not None:
-            shutdown_iterator(loader._iterator)
-            loader._iterator = None
+        shutdown_persistent_iterator(loader)
         rebind_dataloader_attribute(loader, '__class__', self._base_class)
         del loader._data_monitor
         self._base_class = None

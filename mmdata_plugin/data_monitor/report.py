@@ -52,6 +52,8 @@ def format_stage_table(rank: dict) -> str:
             for name, s in rows]
     worker = rank['worker']
     producer = 'actor' if 'nodes' in rank else 'worker'
+    if 'nodes' in rank and any('nodes' not in w for w in rank['workers']):
+        producer = 'worker or actor'  # RayDataNodesHook(local_workers=True)
     body.append((f'= {producer} time per batch', worker['mean'],
                  worker['p50'], worker['p90'], '100%'))
     for name in ('transfer', 'wait', 'compute'):
@@ -104,12 +106,24 @@ def format_node_table(rank: dict) -> str:
 
 
 def format_worker_table(rank: dict, title: str = '') -> str:
-    """One row per DataLoader worker (``main`` without workers), or per
-    Ray data actor."""
-    if 'nodes' in rank:
-        return format_actor_table(rank, title)
+    """One row per DataLoader worker (``main`` without workers), then a
+    table of one row per Ray data actor (the workers of a mixed stream,
+    ``RayDataNodesHook(local_workers=True)``, number before the actors)."""
+    actors = [w for w in rank['workers'] if 'nodes' in w]
+    workers = [w for w in rank['workers'] if 'nodes' not in w]
+    tables = []
+    if workers or not actors:
+        tables.append(_local_worker_table(rank, workers, title))
+    if actors:
+        tables.append(
+            format_actor_table(dict(rank, workers=actors),
+                               '' if workers else title))
+    return '\n'.join(tables)
+
+
+def _local_worker_table(rank: dict, workers: List[dict], title: str) -> str:
     rows = []
-    for w in rank['workers']:
+    for w in workers:
         stages, time = w['stages'], w['time']
         rows.append(('main' if w['worker'] < 0 else str(w['worker']),
                      ','.join(map(str, w['pids'])) +

@@ -179,8 +179,9 @@ class WorkerRun:
 
 
 def _made_where(records: List[dict]) -> tuple:
-    """``(places, bytes)`` of batches made by Ray data actors (a run's
-    records all come from one kind of producer); empty for workers."""
+    """``(places, bytes)`` of batches made by Ray data actors (the records
+    of one worker or one node all come from one kind of producer); empty
+    for workers."""
     if not records or 'node' not in records[0]:
         return set(), 0
     return ({(record['host'], record['ip'], record['node'])
@@ -236,17 +237,17 @@ class StepColumns:
         self.timed = [record for record in records if _is_timed(record)]
         figures = (records, pids, worker_time, transfer, slack, cpu)
         self.workers = self._by(ids, *figures)
-        # Per node: the batches of Ray data actors.
-        self.nodes = self._by([record['node'] for record in records],
-                              *figures) if records and (
-                                  'node' in records[0]) else {}
+        # Per node: the batches of Ray data actors (None: a local
+        # worker's, beside them with RayDataNodesHook(local_workers=True)).
+        self.nodes = self._by([record.get('node') for record in records],
+                              *figures)
 
     def _by(self, groups: Sequence, records: List[dict], pids: tuple,
             worker_time: list, transfer: list, slack: list,
             cpu: tuple) -> Dict[Any, WorkerRun]:
         """The records' figures grouped by ``groups`` (a key per record:
-        its worker, or its data node)."""
-        if not groups:
+        its worker, or its data node; None: in no group)."""
+        if not groups or groups.count(None) == len(groups):
             return {}
         if groups.count(groups[0]) == len(groups):  # one group: no split
             return {
@@ -257,7 +258,8 @@ class StepColumns:
             }
         positions: Dict[Any, List[int]] = {}
         for position, group in enumerate(groups):
-            positions.setdefault(group, []).append(position)
+            if group is not None:
+                positions.setdefault(group, []).append(position)
         runs = {}
         for group, mine in positions.items():
             mine_records = [records[i] for i in mine]

@@ -265,14 +265,25 @@ def _worker_advice(rank: dict, context: dict, needed: Optional[int],
             f'{keep_up} up.')
 
 
+def _actors_needed(needed: Optional[int], nodes: dict) -> Optional[int]:
+    """The actors of ``needed`` producers: local workers making a share
+    (``RayDataNodesHook(local_workers=True)``) are among them."""
+    if needed is None:
+        return None
+    return max(needed - nodes.get('local_workers', 0), 1)
+
+
 def _actor_advice(rank: dict, nodes: dict, needed: Optional[int],
                   level: str) -> Optional[str]:
     """The Ray data actors that keep up: sized by ``num_actors='auto'``
     or to set (``nodes`` is the context's ``data_nodes``)."""
+    needed = _actors_needed(needed, nodes)
     if needed is None:
         return None
     actors = nodes['actors']
-    basis = (f"a batch takes {rank['worker']['mean']:.1f} ms of one actor "
+    producer = ('one actor or local worker'
+                if nodes.get('local_workers') else 'one actor')
+    basis = (f"a batch takes {rank['worker']['mean']:.1f} ms of {producer} "
              f"and a training step {rank['compute']['mean']:.1f} ms")
     if nodes['num_actors'] == 'auto':
         low, high = nodes['min_actors'], nodes['max_actors']
@@ -401,7 +412,8 @@ def judge(ranks: List[dict], context: dict) -> dict:
     workers = context.get('num_workers', 0)
     needed = workers_needed(worst['worker']['mean'], worst['compute']['mean'])
     bottleneck, bottleneck_share = find_bottleneck(
-        worst, nodes['actors'] if nodes else workers)
+        worst, nodes['actors'] + nodes.get('local_workers', 0)
+        if nodes else workers)
     trainer_share = worst.get('trainer_share', 0.0)
     if trainer_share >= MODERATE and trainer_share >= worst['wait_share']:
         bottleneck, bottleneck_share = 'trainer', trainer_share
@@ -459,7 +471,8 @@ def judge(ranks: List[dict], context: dict) -> dict:
         bottleneck_stderr=bottleneck_stderr,
         workers_needed=None if nodes else needed,
         num_workers=workers,
-        **(dict(actors_needed=needed, num_actors=nodes['actors'])
+        **(dict(actors_needed=_actors_needed(needed, nodes),
+                num_actors=nodes['actors'])
            if nodes else {}),
         summary=summary,
         advice=advice)

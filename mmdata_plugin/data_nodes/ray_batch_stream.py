@@ -11,6 +11,7 @@ from torch.utils.data._utils.pin_memory import pin_memory
 from ..handover import BatchBlock, received_batch
 from .actor_pool import ActorPool, Pending, import_ray
 from .batch_producer import ProducedBatch
+from .local_share import LOCAL, BatchOrder, LocalShare
 
 _perf_counter = time.perf_counter
 _wall_clock = time.time
@@ -20,10 +21,14 @@ _wall_clock = time.time
 MAX_DEATHS_PER_BATCH = 3
 
 
-def production_record(produced: ProducedBatch, pending: Pending) -> dict:
+def production_record(produced: ProducedBatch,
+                      pending: Pending,
+                      first_slot: int = 0) -> dict:
     """The monitor's worker record of a batch an actor made: its actor's
     time and CPU, node (Ray's node id, IP and host name), process and slot
-    (the ``worker``), and the block's bytes.
+    (the ``worker``: ``first_slot`` + the pool's slot, so that actors
+    number after the local workers of a mixed stream), and the block's
+    bytes.
 
     The actor's clock is not the trainer's: the end of its work is placed
     on the trainer's ``perf_counter`` through the wall clocks (the same
@@ -34,7 +39,7 @@ def production_record(produced: ProducedBatch, pending: Pending) -> dict:
     end = now - max(_wall_clock() - produced.finished, 0.0)
     return dict(
         pid=produced.pid,
-        worker=pending.slot,
+        worker=first_slot + pending.slot,
         samples=len(pending.indices),
         start=end - produced.production,
         end=end,
@@ -64,15 +69,29 @@ class RayBatchStream:
     sent again (with every other unfinished batch of that actor) and the
     actor is replaced, so nothing is lost, skipped or repeated.
 
+    With ``local``, the train DataLoader's own workers make a share of the
+    batches: their iterator draws a batch of indices whenever it has room
+    (:attr:`LocalShare.depth` batches in production), the actors draw the
+    rest, and each batch is handed out in the sampler's order by whoever
+    drew it. In the steady state the local workers make
+    ``depth / (depth + max_inflight)`` of the batches.
+
     Args:
         batches (Iterator[list]): The batch sampler's batches of indices.
         pool (ActorPool): The data actors.
-        max_inflight (int, optional): Batches being produced at once; None:
-            twice the actors taking batches, as the pool grows or shrinks.
+        max_inflight (int, optional): Batches being produced by the actors
+            at once; None: twice the actors taking batches, as the pool
+            grows or shrinks.
         pin (bool): Pin each batch (the DataLoader's ``pin_memory``).
-        wrap (callable, optional): Called with each batch and its
-            :func:`production_record`; what it returns is handed out
+        wrap (callable, optional): Called with each batch an actor made and
+            its :func:`production_record`; what it returns is handed out
             instead of the batch (the data monitor's ``MonitoredBatch``).
+        local (LocalShare, optional): Local workers making a share of the
+            batches; their batches are handed out as their DataLoader
+            iterator gives them (pinned, with the monitor's records).
+        made (dict, optional): ``{'local': n, 'actors': n}``, counted on
+            as batches are handed out (a dict shared by the passes of a
+            run); a new one by default.
     """
 
     def __init__(self,
@@ -80,14 +99,20 @@ class RayBatchStream:
                  pool: ActorPool,
                  max_inflight: Optional[int],
                  pin: bool,
-                 wrap: Optional[Callable[[Any, dict], Any]] = None) -> None:
-        self._batches = batches
+                 wrap: Optional[Callable[[Any, dict], Any]] = None,
+                 local: Optional[LocalShare] = None,
+                 made: Optional[dict] = None) -> None:
+        self._order = BatchOrder(batches)
+        self._window = self._order.window
         self._pool = pool
         self._max_inflight = max_inflight
         self._pin = pin
         self._wrap = wrap
-        self._window: Deque[Pending] = deque()
-        self._exhausted = False
+        self._in_ray = 0
+        self.made = dict(local=0, actors=0) if made is None else made
+        # Started here, as a DataLoader's iterator starts its workers.
+        self._local = None if local is None else local.start(self._order)
+        self._first_slot = 0 if local is None else local.num_workers
 
     def __iter__(self) -> 'RayBatchStream':
         return self
@@ -95,9 +120,17 @@ class RayBatchStream:
     def __next__(self):
         self._fill()
         if not self._window:
+            self._end_local_pass()
             raise StopIteration
+        if self._window[0] is LOCAL:
+            self._window.popleft()
+            # Taking it, the local iterator draws its next batch (if any).
+            batch = next(self._local)
+            self.made['local'] += 1
+            return batch
         started = _perf_counter()
         pending, produced = self._result()
+        self._in_ray -= 1
         self._fill()
         block = _host_block(produced.block)
         if produced.is_block:
@@ -109,18 +142,27 @@ class RayBatchStream:
                                produced.small_end, produced.complete).unpack()
         if self._pin:
             batch = pin_memory(batch)
+        self.made['actors'] += 1
         if self._wrap is None:
             return batch
-        return self._wrap(batch, production_record(produced, pending))
+        return self._wrap(
+            batch, production_record(produced, pending, self._first_slot))
+
+    def _end_local_pass(self) -> None:
+        # No local batch is outstanding: asked for one more, the local
+        # iterator ends its pass (and stops its workers if not persistent).
+        if self._local is not None:
+            next(self._local, None)
+            self._local = None
 
     def _fill(self) -> None:
         limit = self._max_inflight or 2 * self._pool.size
-        while not self._exhausted and len(self._window) < limit:
-            indices = next(self._batches, None)
+        while self._in_ray < limit:
+            indices = self._order.draw()
             if indices is None:
-                self._exhausted = True
-            else:
-                self._window.append(self._pool.submit(indices))
+                return
+            self._window.append(self._pool.submit(indices))
+            self._in_ray += 1
 
     def _result(self) -> Tuple[Pending, ProducedBatch]:
         ray = import_ray()
@@ -144,7 +186,8 @@ class RayBatchStream:
     def _resend(self, actor, error: Exception) -> None:
         # An actor makes its batches in order: it died making the first of
         # them in the window.
-        making = next(p for p in self._window if p.actor is actor)
+        making = next(p for p in self._window
+                      if p is not LOCAL and p.actor is actor)
         making.deaths += 1
         if making.deaths >= MAX_DEATHS_PER_BATCH:
             raise RuntimeError(
@@ -157,7 +200,7 @@ class RayBatchStream:
                 'in one process to see.') from error
         self._pool.replace(actor, error)
         for pending in self._window:
-            if pending.actor is actor:
+            if pending is not LOCAL and pending.actor is actor:
                 again = self._pool.submit(pending.indices)
                 pending.slot, pending.actor, pending.ref = (again.slot,
                                                             again.actor,

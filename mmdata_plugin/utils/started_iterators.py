@@ -53,6 +53,15 @@ def shutdown_iterator(iterator) -> None:
         shutdown()
 
 
+def shutdown_persistent_iterator(loader: DataLoader) -> None:
+    """Stop the workers of ``loader``'s persistent iterator and forget it
+    (the next ``iter(loader)`` starts new ones)."""
+    persistent = getattr(loader, '_iterator', None)
+    if persistent is not None:
+        shutdown_iterator(persistent)
+        loader._iterator = None
+
+
 def restart_started_iterator(loader: DataLoader, loop) -> bool:
     """Restart the iterators already started on ``loader``.
 
@@ -82,9 +91,7 @@ def restart_started_iterator(loader: DataLoader, loop) -> bool:
             loop, 'dataloader_iterator', it)
     else:
         started, replace = None, None
-    if persistent is not None:
-        shutdown_iterator(persistent)
-        loader._iterator = None
+    shutdown_persistent_iterator(loader)
     if started is not None and started is not persistent:
         shutdown_iterator(started)
     if started is None:

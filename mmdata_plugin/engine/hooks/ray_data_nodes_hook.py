@@ -8,7 +8,8 @@ from torch.utils.data import DataLoader
 
 from ...data_monitor.verdict import MODERATE, workers_needed
 from ...data_monitor.worker_timing import MonitoredBatch
-from ...data_nodes import ActorPool, RayBatchStream, connect, import_ray
+from ...data_nodes import (ActorPool, LocalShare, RayBatchStream, connect,
+                           import_ray)
 from ...utils.dataloader_slots import (dataloader_class_with_iter,
                                        rebind_dataloader_attribute)
 from ...utils.started_iterators import restart_started_iterator
@@ -16,19 +17,22 @@ from .data_monitor_hook import DataMonitorHook
 
 
 def _ray_iterator(loader: DataLoader, base: type) -> RayBatchStream:
-    # A local iterator draws its workers' base seed from the loader's
-    # generator here; drawing it too keeps the training process's random
-    # stream (dropout, batch augmentations) that of a run with local
-    # workers.
-    torch.empty((), dtype=torch.int64).random_(generator=loader.generator)
     nodes = loader._ray_data_nodes
+    if nodes.local is None:
+        # A local iterator draws its workers' base seed from the loader's
+        # generator here; drawing it too keeps the training process's
+        # random stream (dropout, batch augmentations) that of a run with
+        # local workers. A local share's iterator draws it itself.
+        torch.empty((), dtype=torch.int64).random_(generator=loader.generator)
     # Under the data monitor each batch travels with its actor's record,
     # as a local worker's does.
     monitored = getattr(loader, '_data_monitor', None) is not None
     return RayBatchStream(
         iter(loader.batch_sampler), nodes.pool, nodes.max_inflight,
         loader.pin_memory and torch.cuda.is_available(),
-        wrap=MonitoredBatch if monitored else None)
+        wrap=MonitoredBatch if monitored else None,
+        local=nodes.local,
+        made=nodes.made)
 
 
 def _ray_loader_class(base: type) -> type:
@@ -41,16 +45,21 @@ class _Nodes:
     what the data monitor reports of it (:meth:`context`)."""
 
     def __init__(self, pool: ActorPool, max_inflight: Optional[int],
-                 settings: dict) -> None:
+                 local: Optional[LocalShare], settings: dict) -> None:
         self.pool = pool
         self.max_inflight = max_inflight
+        self.local = local
         self.settings = settings
         self.resizes: List[dict] = []
+        # Batches handed out, by who made them.
+        self.made = dict(local=0, actors=0)
 
     def context(self) -> dict:
         return dict(
             self.settings,
             actors=self.pool.size,
+            local_workers=0 if self.local is None else self.local.num_workers,
+            batches_made=dict(self.made),
             resizes=list(self.resizes))
 
 
@@ -61,15 +70,21 @@ class _AutoSize:
     workers_needed` of the actors' mean production time per batch and the
     mean step), within ``[low, high]``.
 
+    With ``local_workers`` (producers of the same batches, their records
+    among the actors'), the actors needed are those producers less the
+    local workers, at least one.
+
     The pool grows to them while the trainer waits (a moderate waiting
     share, the verdict's 5%), and shrinks, keeping one actor to spare,
     while it does not: a new actor costs seconds to start, and a
     measurement on a loaded machine jitters by one.
     """
 
-    def __init__(self, monitor, low: int, high: int, every: int) -> None:
+    def __init__(self, monitor, low: int, high: int, every: int,
+                 local_workers: int = 0) -> None:
         self.monitor = monitor
         self.low, self.high, self.every = low, high, every
+        self.local_workers = local_workers
         self.restart()
 
     def restart(self) -> None:
@@ -98,6 +113,7 @@ class _AutoSize:
         needed = workers_needed(production, step)
         if needed is None:
             return None
+        needed = max(needed - self.local_workers, 1)
         share = 1e3 * waited / (1e3 * waited + step * steps)
         if share >= MODERATE and needed > actors:
             wanted = min(needed, self.high)
@@ -127,8 +143,20 @@ class RayDataNodesHook(Hook):
     takes the blocks of ``block_collate`` as they are). With the
     fast-resume loops (per-sample seeds) the stream is bitwise the one of
     local workers, whatever the number of actors. A dead actor is
-    replaced and its unfinished batches are produced again, in order. The
-    DataLoader's own workers are not started.
+    replaced and its unfinished batches are produced again, in order.
+
+    The DataLoader's own workers are not started, unless ``local_workers``:
+    then they make a share of the batches (with the DataLoader's
+    ``num_workers``, ``collate_fn``, ``worker_init_fn``, ``prefetch_factor``,
+    ``persistent_workers`` and ``pin_memory``) and the actors the rest, all
+    handed out in the sampler's order; who makes a batch does not change
+    it. Each side draws the next batch of indices when it has room: the
+    local workers keep ``prefetch_factor * num_workers`` batches in
+    production and the actors ``max_inflight``, so in the steady state the
+    local share is ``prefetch_factor * num_workers / (prefetch_factor *
+    num_workers + max_inflight)`` (with the defaults: in proportion to the
+    local workers and the actors). Raise ``max_inflight`` to give the
+    actors more.
 
     With ``num_actors='auto'`` the pool starts with ``min_actors`` and is
     resized while training, within ``[min_actors, max_actors]``, to the
@@ -166,6 +194,9 @@ class RayDataNodesHook(Hook):
             there). Defaults to None.
         resize_every (int): With ``'auto'``: counted steps of the monitor
             between two sizing decisions. Defaults to 20.
+        local_workers (bool): Keep the train DataLoader's own workers
+            making a share of the batches (mixed local and remote
+            production); needs ``num_workers >= 1``. Defaults to False.
     """
 
     # Before DataMonitorHook and DeviceFeedHook: they wrap what it makes.
@@ -179,7 +210,8 @@ class RayDataNodesHook(Hook):
                  max_inflight: Optional[int] = None,
                  min_actors: int = 1,
                  max_actors: Optional[int] = None,
-                 resize_every: int = 20) -> None:
+                 resize_every: int = 20,
+                 local_workers: bool = False) -> None:
         self.auto = num_actors == 'auto'
         if self.auto:
             if max_actors is None or not 1 <= min_actors <= max_actors:
@@ -206,6 +238,7 @@ class RayDataNodesHook(Hook):
         self.min_actors = min_actors
         self.max_actors = max_actors
         self.resize_every = resize_every
+        self.local_workers = local_workers
         # The actors of the current (or last) run.
         self.pool: Optional[ActorPool] = None
         self._nodes: Optional[_Nodes] = None
@@ -223,6 +256,8 @@ class RayDataNodesHook(Hook):
                 'RayDataNodesHook needs a map-style torch DataLoader with '
                 'a batch sampler as train_loop.dataloader, got '
                 f'{type(loader).__name__}')
+        # Checked before any actor starts.
+        local = LocalShare(loader) if self.local_workers else None
         if self.auto and not self._monitor_hooks(runner):
             raise ValueError(
                 "RayDataNodesHook: num_actors='auto' sizes the pool from "
@@ -240,7 +275,7 @@ class RayDataNodesHook(Hook):
             self._disconnect()
             raise
         self._nodes = _Nodes(
-            pool, self.max_inflight,
+            pool, self.max_inflight, local,
             dict(num_actors=self.num_actors,
                  min_actors=self.min_actors if self.auto else None,
                  max_actors=self.max_actors if self.auto else None,
@@ -250,9 +285,11 @@ class RayDataNodesHook(Hook):
         inflight = self.max_inflight or 'twice as many batches'
         sizing = (f', sized from the measurements within {self.min_actors}'
                   f'-{self.max_actors}' if self.auto else '')
+        share = (f'; {loader.num_workers} local DataLoader workers make '
+                 f'a share, {local.depth} in flight' if local else '')
         runner.logger.info(
             f'RayDataNodesHook: {start} data actors on {where} make the '
-            f'training batches, {inflight} in flight{sizing}.')
+            f'training batches, {inflight} in flight{share}{sizing}.')
 
     @staticmethod
     def _monitor_hooks(runner) -> list:
@@ -280,8 +317,9 @@ class RayDataNodesHook(Hook):
             monitor = self._monitor_hooks(runner)[0].monitor
             if monitor is None:  # it measures nothing: nothing to size by
                 return
-            self._sizing = _AutoSize(monitor, self.min_actors,
-                                     self.max_actors, self.resize_every)
+            self._sizing = _AutoSize(
+                monitor, self.min_actors, self.max_actors, self.resize_every,
+                self._nodes.context()['local_workers'])
         if self.pool.size < self.pool.target:
             # New actors are starting: measure the pool once they work.
             self._sizing.restart()
@@ -305,6 +343,8 @@ class RayDataNodesHook(Hook):
         if self._loader is None:
             return
         self.pool.close()
+        if self._nodes.local is not None:
+            self._nodes.local.close()
         if type(self._loader) is _ray_loader_class(self._base_class):
             rebind_dataloader_attribute(self._loader, '__class__',
                                         self._base_class)

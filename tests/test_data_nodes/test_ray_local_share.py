@@ -1,0 +1,125 @@
+"""RayDataNodesHook(local_workers=True): the train DataLoader's own workers
+make a share of the batches and Ray actors the rest, on the loopback
+cluster of conftest.py; the stream is bitwise the one of local workers
+alone, in the batch sampler's order."""
+import functools
+import json
+import os
+import os.path as osp
+import signal
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+pytest.importorskip(
+    'ray', reason='Ray is not installed: pip install "mmdata_plugin[ray]" '
+    '(the tests extra installs it)')
+
+from monitor_helpers import (SleepyCollate, SleepyDataset,  # noqa: E402
+                             sleepy_pipeline, train)
+from ray_runs import CHECKPOINT_EVERY_4, ON_DATA_NODES  # noqa: E402
+from ray_runs import ray_hook_of  # noqa: E402
+
+from mmdata_plugin.data_nodes import (ActorPool, LocalShare,  # noqa: E402
+                                      RayBatchStream)
+
+EPOCHS = dict(type='FastResumeEpochBasedTrainLoop', max_epochs=2)
+MIXED = dict(type='RayDataNodesHook', num_actors=1, local_workers=True,
+             **ON_DATA_NODES)
+MONITOR = dict(type='DataMonitorHook', warmup_iters=1, settle_iters=0,
+               table_interval=0, plot=False)
+
+
+def _train_epochs(work_dir, hooks=(), **kwargs):
+    """Two epochs of 12 iterations (24 samples, DefaultSampler shuffled),
+    two local workers (persistent unless told), a checkpoint every 4."""
+    dataset = SleepyDataset(num=24, pipeline=sleepy_pipeline((0.5, 0.5), 8))
+    return train(work_dir, monitor=False, loop='epoch', train_cfg=EPOCHS,
+                 dataset=dataset, custom_hooks=list(hooks),
+                 default_hooks=CHECKPOINT_EVERY_4, **kwargs)
+
+
+def _alive(pid: int) -> bool:
+    return osp.exists(f'/proc/{pid}')
+
+
+def test_local_workers_and_actors_give_the_local_stream_and_resume(
+        cluster, tmp_path):
+    local = _train_epochs(tmp_path / 'local').model.seen
+    assert len(local) == 24
+    runner = _train_epochs(tmp_path / 'mixed', [MONITOR, MIXED])
+    # Sample indices, augmented pixels and labels, step by step.
+    assert runner.model.seen == local
+    with open(osp.join(runner.log_dir, 'data_monitor.json')) as f:
+        report = json.load(f)
+    nodes = report['context']['data_nodes']
+    # 4 local batches in flight (2 workers x prefetch_factor 2) beside the
+    # actor's 2: the local workers make 2 of 3 batches.
+    assert nodes['local_workers'] == 2
+    assert nodes['batches_made'] == dict(local=16, actors=8)
+    # The monitor lists both: the local workers (0, 1), then the actor.
+    workers = report['ranks'][0]['workers']
+    actor_pids = [node.pid for node in ray_hook_of(runner).pool.nodes]
+    assert [(w['worker'], 'nodes' in w) for w in workers] == [(0, False),
+                                                              (1, False),
+                                                              (2, True)]
+    assert workers[2]['pids'] == actor_pids
+    local_pids = workers[0]['pids'] + workers[1]['pids']
+    assert not set(local_pids) & set(actor_pids)
+    # after_run stopped the persistent local workers.
+    assert not any(map(_alive, local_pids))
+
+    # Iteration 4 is mid-epoch 0; resumed with workers that are not
+    # persistent (each epoch's end stops them).
+    resumed = _train_epochs(tmp_path / 'mixed', [MIXED], persistent=False,
+                            resume=True,
+                            load_from=str(tmp_path / 'mixed' / 'iter_4.pth'))
+    assert resumed.model.seen == local[4:]
+    made = ray_hook_of(resumed)._nodes.made
+    assert made['local'] > 0 and made['actors'] > 0
+
+
+def test_local_workers_need_num_workers(tmp_path):
+    with pytest.raises(ValueError, match=r'local_workers=True .* '
+                       r'num_workers=0: set train_dataloader\.num_workers'):
+        _train_epochs(tmp_path, [MIXED], num_workers=0)
+
+
+def _record_pid(folder, worker_id: int) -> None:
+    with open(osp.join(folder, f'{os.getpid()}'), 'w'):
+        pass
+
+
+def _batch(k: int) -> list:
+    return [(4 * k + j) % 64 for j in range(4)]
+
+
+def test_an_actor_dies_while_local_batches_are_outstanding(
+        cluster, tmp_path):
+    dataset = TensorDataset(torch.arange(64))
+    # Only its settings count: the stream's batch sampler gives the order.
+    loader = DataLoader(dataset, num_workers=2, collate_fn=SleepyCollate(30),
+                        multiprocessing_context='fork',
+                        worker_init_fn=functools.partial(
+                            _record_pid, str(tmp_path)))
+    pool = ActorPool(dataset, SleepyCollate(30), 1, ON_DATA_NODES, seed=0)
+    local = LocalShare(loader)
+    try:
+        stream = RayBatchStream(map(_batch, range(20)), pool, None, False,
+                                local=local)
+        got = [next(stream) for _ in range(5)]
+        os.kill(pool.nodes[0].pid, signal.SIGKILL)
+        got += list(stream)
+    finally:
+        pool.close()
+        local.close()
+    assert [[int(i) for i in batch[0]] for batch in got] == [
+        _batch(k) for k in range(20)
+    ]
+    assert pool.replaced == 1
+    assert stream.made['local'] > 0 and stream.made['actors'] > 0
+    # The workers ran the loader's worker_init_fn, and the end of the pass
+    # stopped them (they are not persistent).
+    pids = [int(name) for name in os.listdir(tmp_path)]
+    assert len(pids) == 2 and not any(map(_alive, pids))
