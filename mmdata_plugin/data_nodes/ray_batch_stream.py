@@ -149,11 +149,10 @@ class RayBatchStream:
             batch, production_record(produced, pending, self._first_slot))
 
     def _end_local_pass(self) -> None:
-        # No local batch is outstanding: asked for one more, the local
-        # iterator ends its pass (and stops its workers if not persistent).
-        if self._local is not None:
-            next(self._local, None)
-            self._local = None
+        # Dropped, the local iterator stops its workers at once (torch's
+        # iterators do when collected), unless they are persistent: those
+        # stay with the local DataLoader for the next pass.
+        self._local = None
 
     def _fill(self) -> None:
         limit = self._max_inflight or 2 * self._pool.size
