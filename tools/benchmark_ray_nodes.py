@@ -15,9 +15,11 @@ from torch.utils.data import (BatchSampler, DataLoader,  # noqa: E402
                               Dataset, SequentialSampler)
 
 import mmdata_plugin  # noqa: F401,E402  (registers block_collate)
-from mmdata_plugin.data_nodes import (ActorPool, RayBatchStream,  # noqa: E402
-                                      import_ray)
+from mmdata_plugin.data_nodes import (ActorPool, LocalShare,  # noqa: E402
+                                      RayBatchStream, import_ray)
 from mmdata_plugin.handover import block_collate  # noqa: E402
+from mmdata_plugin.utils.started_iterators import \
+    shutdown_iterator  # noqa: E402
 
 
 def parse_args():
@@ -29,7 +31,10 @@ def parse_args():
         'local DataLoader workers, one actor on the trainer\'s node, one on '
         'another node (ms, GB/s). 2) Throughput vs the number of actors k '
         'when each sample waits --wait-ms (a stand-in for remote CPUs), '
-        'against k x one actor. Medians of --rounds rounds.')
+        'against k x one actor. 3) Mixed production '
+        '(RayDataNodesHook(local_workers=True)) on that pipeline: '
+        '--mix-workers local DataLoader workers beside --mix-actors actors, '
+        'against each alone and their sum. Medians of --rounds rounds.')
     parser.add_argument('--batch-size', type=int, default=256)
     parser.add_argument('--size', type=int, default=224)
     parser.add_argument('--batches', type=int, default=12,
@@ -44,6 +49,12 @@ def parse_args():
     parser.add_argument('--scale-batch-size', type=int, default=32)
     parser.add_argument('--wait-ms', type=float, default=10.0,
                         help='injected wait per sample in the scaling part')
+    parser.add_argument('--mix-workers', type=int, default=2,
+                        help='local DataLoader workers in the mixed part')
+    parser.add_argument('--mix-actors', type=int, default=2,
+                        help='actors on the data nodes in the mixed part')
+    parser.add_argument('--parts', default='overhead,scaling,mixed',
+                        help='which tables to print')
     parser.add_argument('--object-store-mb', type=int, default=1024,
                         help='object store per node')
     return parser.parse_args()
@@ -73,15 +84,20 @@ def _batches(batch_size: int):
                              drop_last=True))
 
 
-def _seconds_per_batch(stream, batches: int, idle: float):
-    """(seconds per batch taken back to back, seconds the trainer spends
-    taking a batch that is ready: its receive cost)."""
+def _back_to_back(stream, batches: int) -> float:
+    """Seconds per batch taken back to back, after 2 of warm-up."""
     for _ in range(2):
         next(stream)
     start = time.perf_counter()
     for _ in range(batches):
         assert next(stream)['inputs'].dtype == torch.uint8
-    rate = (time.perf_counter() - start) / batches
+    return (time.perf_counter() - start) / batches
+
+
+def _seconds_per_batch(stream, batches: int, idle: float):
+    """(seconds per batch taken back to back, seconds the trainer spends
+    taking a batch that is ready: its receive cost)."""
+    rate = _back_to_back(stream, batches)
     receive = []
     for _ in range(3):
         time.sleep(idle)  # a slow step: the next batch is ready
@@ -106,15 +122,18 @@ def _ray_rate(dataset, args, batch_size: int, k: int,
         pool.close()
 
 
+def _local_loader(dataset, batch_size: int, workers: int) -> DataLoader:
+    return DataLoader(dataset, batch_sampler=BatchSampler(
+        SequentialSampler(range(1 << 30)), batch_size, drop_last=True),
+                      num_workers=workers, collate_fn=block_collate)
+
+
 def _local_rate(dataset, args) -> float:
-    loader = DataLoader(dataset, batch_sampler=BatchSampler(
-        SequentialSampler(range(1 << 30)), args.batch_size, drop_last=True),
-                        num_workers=1, collate_fn=block_collate)
-    iterator = iter(loader)
+    iterator = iter(_local_loader(dataset, args.batch_size, 1))
     try:
         return _seconds_per_batch(iterator, args.batches, args.idle)
     finally:
-        iterator._shutdown_workers()
+        shutdown_iterator(iterator)
 
 
 def _start_cluster(args):
@@ -181,6 +200,65 @@ def scaling_table(args) -> None:
         print(f'{k:>3}{rate:>10.1f}{k * one:>10.1f}{rate / (k * one):>8.2f}')
 
 
+def _mixed_rate(dataset, args, actors: int, workers: int) -> tuple:
+    """(seconds per batch, share of the batches local workers made) of a
+    stream fed by ``actors`` actors on the data nodes and ``workers``
+    local workers (either may be 0)."""
+    batch = args.scale_batch_size
+    if not actors:
+        iterator = iter(_local_loader(dataset, batch, workers))
+        try:
+            return _back_to_back(iterator, 2 * args.batches), 1.0
+        finally:
+            shutdown_iterator(iterator)
+    pool = ActorPool(dataset, block_collate, actors,
+                     dict(num_cpus=0.5, resources=dict(data_node=0.5)),
+                     seed=0)
+    local = (LocalShare(_local_loader(dataset, batch, workers))
+             if workers else None)
+    try:
+        stream = RayBatchStream(_batches(batch), pool, 2 * actors, False,
+                                local=local)
+        seconds = _back_to_back(stream, 2 * args.batches)
+        return seconds, stream.made['local'] / sum(stream.made.values())
+    finally:
+        pool.close()
+        if local is not None:
+            local.close()
+
+
+def mixed_table(args) -> None:
+    dataset = ReadySamples(args.size, args.wait_ms)
+    batch, workers, actors = (args.scale_batch_size, args.mix_workers,
+                              args.mix_actors)
+    runs = {
+        f'{workers} local workers': (0, workers),
+        f'{actors} actors': (actors, 0),
+        'mixed': (actors, workers)
+    }
+    times = {name: [] for name in runs}
+    shares = []
+    for _ in range(args.rounds):  # interleaved rounds
+        for name, (k, w) in runs.items():
+            seconds, share = _mixed_rate(dataset, args, k, w)
+            times[name].append(seconds)
+            if name == 'mixed':
+                shares.append(share)
+    rates = {name: batch / statistics.median(values)
+             for name, values in times.items()}
+    both = sum(rate for name, rate in rates.items() if name != 'mixed')
+    print(f'\nMixed production, {batch} samples per batch, {args.wait_ms:g} '
+          f'ms wait per sample ({2 * args.batches} batches per run; local '
+          f'share of the mixed run: {100 * statistics.median(shares):.0f}%):')
+    print(f"{'producers':<18}{'img/s':>10}{'vs sum':>8}")
+    for name, rate in rates.items():
+        print(f'{name:<18}{rate:>10.1f}{rate / both:>8.2f}')
+
+
+TABLES = dict(overhead=overhead_table, scaling=scaling_table,
+              mixed=mixed_table)
+
+
 def main():
     args = parse_args()
     started = time.perf_counter()
@@ -188,8 +266,8 @@ def main():
     print(f'cluster of {1 + args.data_nodes} nodes up in '
           f'{time.perf_counter() - started:.1f} s')
     try:
-        overhead_table(args)
-        scaling_table(args)
+        for part in args.parts.split(','):
+            TABLES[part](args)
     finally:
         import_ray().shutdown()
         cluster.shutdown()

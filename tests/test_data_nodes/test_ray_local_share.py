@@ -71,9 +71,13 @@ def test_local_workers_and_actors_give_the_local_stream_and_resume(
     assert not any(map(_alive, local_pids))
 
     # Iteration 4 is mid-epoch 0; resumed with workers that are not
-    # persistent (each epoch's end stops them).
+    # persistent (each epoch's end stops them), and block_collate's blocks
+    # from both sides through DeviceFeedHook (the model sees the batches
+    # of pseudo_collate).
     resumed = _train_epochs(tmp_path / 'mixed', [MIXED], persistent=False,
-                            resume=True,
+                            collate=dict(type='block_collate',
+                                         stack_inputs=False),
+                            feed=True, resume=True,
                             load_from=str(tmp_path / 'mixed' / 'iter_4.pth'))
     assert resumed.model.seen == local[4:]
     made = ray_hook_of(resumed)._nodes.made

@@ -15,13 +15,13 @@ pytest.importorskip(
 NUMBER = r'\d+\.\d+'
 
 
-def test_benchmark_prints_its_two_tables():
+def test_benchmark_prints_its_three_tables():
     out = run_command([
         sys.executable, f'{REPO_ROOT}/tools/benchmark_ray_nodes.py',
         '--batch-size', '4', '--size', '16', '--batches', '2', '--rounds',
         '1', '--idle', '0.05', '--data-nodes', '1', '--scale-k', '1',
         '--scale-batch-size', '4', '--wait-ms', '1', '--object-store-mb',
-        '80'
+        '80', '--mix-workers', '1', '--mix-actors', '1'
     ],
                       env=cpu_env(dict(PYTHONPATH=python_path(REPO_ROOT))),
                       timeout=300).stdout
@@ -37,3 +37,10 @@ def test_benchmark_prints_its_two_tables():
             '1 ms wait per sample:') in out
     assert re.search(r'^\s+1\s+' + r'\s+'.join([NUMBER] * 2) + r'\s+1\.00$',
                      out, re.MULTILINE), out
+    assert re.search(
+        r'^Mixed production, 4 samples per batch, 1 ms wait per sample '
+        r'\(4 batches per run; local share of the mixed run: \d+%\):$', out,
+        re.MULTILINE), out
+    for producers in ('1 local workers', '1 actors', 'mixed'):
+        assert re.search(rf'^{producers}\s+{NUMBER}\s+{NUMBER}$', out,
+                         re.MULTILINE), out
