@@ -118,10 +118,12 @@ class ActorPool:
         # Started, not yet taking batches: (actor, its report's ref).
         self._starting: List[tuple] = []
         self._retired: list = []
+        # Replacements whose report has not been read: (actor, its ref).
+        self._replacing: List[tuple] = []
         self._turn = 0
         self.replaced = 0
         try:
-            self.nodes: List[NodeReport] = [
+            self._nodes: List[NodeReport] = [
                 check_node(report) for report in ray.get(
                     [actor.report.remote() for actor in self._actors])
             ]
@@ -131,6 +133,32 @@ class ActorPool:
 
     def _start(self):
         return self._remote_class.remote(*self._recipe)
+
+    @property
+    def nodes(self) -> List[NodeReport]:
+        """Where each actor taking batches runs, slot by slot: a
+        replacement's node once it has started (its predecessor's until
+        then)."""
+        if self._replacing:
+            self._read_replacements()
+        return self._nodes
+
+    def _read_replacements(self) -> None:
+        ray = import_ray()
+        refs = [ref for _, ref in self._replacing]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+        waiting = []
+        for actor, ref in self._replacing:
+            if ref not in ready:
+                waiting.append((actor, ref))
+                continue
+            try:
+                report = ray.get(ref)
+            except ray.exceptions.RayActorError:
+                continue  # died too: its own replacement reports
+            if actor in self._actors:
+                self._nodes[self._actors.index(actor)] = report
+        self._replacing = waiting
 
     @property
     def size(self) -> int:
@@ -171,7 +199,7 @@ class ActorPool:
             retired = self._actors.pop()
             retired.__ray_terminate__.remote()
             self._retired.append(retired)
-            self.nodes.pop()
+            self._nodes.pop()
         self._turn %= len(self._actors)
 
     def admit_started(self) -> None:
@@ -196,7 +224,7 @@ class ActorPool:
                     logger='current', level=logging.WARNING)
                 continue
             self._actors.append(actor)
-            self.nodes.append(report)
+            self._nodes.append(report)
         self._starting = waiting
 
     def replace(self, actor, error: Exception) -> None:
@@ -207,7 +235,8 @@ class ActorPool:
         if actor not in self._actors:
             return
         slot = self._actors.index(actor)
-        self._actors[slot] = self._start()
+        self._actors[slot] = new = self._start()
+        self._replacing.append((new, new.report.remote()))
         self.replaced += 1
         print_log(
             f'Ray data nodes: data actor {slot} died '

@@ -113,8 +113,12 @@ def test_an_actor_dies_while_local_batches_are_outstanding(
         stream = RayBatchStream(map(_batch, range(20)), pool, None, False,
                                 local=local)
         got = [next(stream) for _ in range(5)]
-        os.kill(pool.nodes[0].pid, signal.SIGKILL)
+        killed = pool.nodes[0].pid
+        os.kill(killed, signal.SIGKILL)
         got += list(stream)
+        # The pool reports the replacement, not the dead actor.
+        now = pool.nodes[0].pid
+        assert now != killed and _alive(now)
     finally:
         pool.close()
         local.close()
