@@ -51,6 +51,13 @@ def production_record(produced: ProducedBatch,
         bytes=produced.block.nbytes)
 
 
+def _lost(ray) -> tuple:
+    """The errors of a batch lost with its actor or node (made again)."""
+    return (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError,
+            ray.exceptions.NodeDiedError, ray.exceptions.WorkerCrashedError,
+            ray.exceptions.OutOfMemoryError)
+
+
 def _host_block(array) -> torch.Tensor:
     # A block made on this node is a read-only view of Ray's shared-memory
     # object store (no copy); torch warns that it cannot mark the tensor
@@ -165,15 +172,11 @@ class RayBatchStream:
 
     def _result(self) -> Tuple[Pending, ProducedBatch]:
         ray = import_ray()
-        lost = (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError,
-                ray.exceptions.NodeDiedError,
-                ray.exceptions.WorkerCrashedError,
-                ray.exceptions.OutOfMemoryError)
         while True:
             try:
                 produced = ray.get(self._window[0].ref)
-            except lost as error:
-                self._resend(self._window[0].actor, error)
+            except _lost(ray) as error:
+                self._replace_dead(self._window[0].actor, error)
                 continue
             except ray.exceptions.RayTaskError as error:
                 raise RuntimeError(
@@ -181,6 +184,33 @@ class RayBatchStream:
                     f'{[int(i) for i in self._window[0].indices]} failed '
                     f'on a data node: {error}') from error
             return self._window.popleft(), produced
+
+    def _replace_dead(self, actor, error: Exception) -> None:
+        """Replace ``actor``, and every other actor whose batches in the
+        window have failed by now: a node removed takes all its actors,
+        and their replacements start together rather than one by one as
+        each one's batch comes due."""
+        while actor is not None:
+            self._resend(actor, error)
+            actor, error = self._failed_elsewhere()
+
+    def _failed_elsewhere(self) -> tuple:
+        """``(actor, error)`` of a batch in the window that has failed with
+        its actor, or ``(None, None)``; waits for nothing."""
+        ray = import_ray()
+        pending = [p for p in self._window if p is not LOCAL]
+        refs = [p.ref for p in pending]
+        ready = set(ray.wait(refs, num_returns=len(refs), timeout=0)[0])
+        for entry in pending:
+            if entry.ref not in ready:
+                continue
+            try:
+                ray.get(entry.ref, timeout=0)
+            except _lost(ray) as error:
+                return entry.actor, error
+            except ray.exceptions.RayError:
+                pass  # the dataset's error: raised when the batch is due
+        return None, None
 
     def _resend(self, actor, error: Exception) -> None:
         # An actor makes its batches in order: it died making the first of

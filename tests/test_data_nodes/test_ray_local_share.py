@@ -7,6 +7,7 @@ import json
 import os
 import os.path as osp
 import signal
+import time
 
 import pytest
 import torch
@@ -131,3 +132,26 @@ def test_an_actor_dies_while_local_batches_are_outstanding(
     # stopped them (they are not persistent).
     pids = [int(name) for name in os.listdir(tmp_path)]
     assert len(pids) == 2 and not any(map(_alive, pids))
+
+
+def test_actors_that_died_together_are_replaced_together(cluster):
+    # Two actors killed at once (as a removed node takes its actors): the
+    # first death found replaces both, whichever batch is due, so their
+    # replacements start together, not one after the other.
+    dataset = TensorDataset(torch.arange(64))
+    pool = ActorPool(dataset, SleepyCollate(200), 2, ON_DATA_NODES, seed=0)
+    try:
+        stream = RayBatchStream(map(_batch, range(12)), pool, None, False)
+        got = [next(stream)]
+        for node in pool.nodes:
+            os.kill(node.pid, signal.SIGKILL)
+        time.sleep(1.0)  # both deaths known to Ray
+        while not pool.replaced:
+            got.append(next(stream))
+        assert pool.replaced == 2
+        got += list(stream)
+    finally:
+        pool.close()
+    assert [[int(i) for i in batch[0]] for batch in got] == [
+        _batch(k) for k in range(12)
+    ]
