@@ -85,6 +85,20 @@ def test_local_workers_and_actors_give_the_local_stream_and_resume(
     assert made['local'] > 0 and made['actors'] > 0
 
 
+def test_a_stock_epoch_loop_keeps_its_order_and_random_stream(
+        cluster, tmp_path):
+    # mmengine's EpochBasedTrainLoop: no per-sample seeds (no random
+    # crop), and iter(loader) draws the workers' base seed from the global
+    # generator; the mixed stream's local iterator draws it (once: the
+    # workers are persistent), not the hook as well.
+    stock = dict(loop='epoch', crop=None, max_iters=12, monitor=False)
+    expected = train(tmp_path / 'local', **stock).model.seen
+    rng = torch.get_rng_state()
+    runner = train(tmp_path / 'mixed', custom_hooks=[MIXED], **stock)
+    assert runner.model.seen == expected
+    assert torch.equal(torch.get_rng_state(), rng)
+
+
 def test_local_workers_need_num_workers(tmp_path):
     with pytest.raises(ValueError, match=r'local_workers=True .* '
                        r'num_workers=0: set train_dataloader\.num_workers'):
