@@ -22,6 +22,7 @@ from monitor_helpers import (SleepyCollate, SleepyDataset,  # noqa: E402
 from ray_runs import CHECKPOINT_EVERY_4, ON_DATA_NODES  # noqa: E402
 from ray_runs import ray_hook_of  # noqa: E402
 
+from mmdata_plugin.data_monitor import format_report  # noqa: E402
 from mmdata_plugin.data_nodes import (ActorPool, LocalShare,  # noqa: E402
                                       RayBatchStream)
 
@@ -29,7 +30,7 @@ EPOCHS = dict(type='FastResumeEpochBasedTrainLoop', max_epochs=2)
 MIXED = dict(type='RayDataNodesHook', num_actors=1, local_workers=True,
              **ON_DATA_NODES)
 MONITOR = dict(type='DataMonitorHook', warmup_iters=1, settle_iters=0,
-               table_interval=0, plot=False)
+               table_interval=0)
 
 
 def _train_epochs(work_dir, hooks=(), **kwargs):
@@ -68,6 +69,10 @@ def test_local_workers_and_actors_give_the_local_stream_and_resume(
     assert workers[2]['pids'] == actor_pids
     local_pids = workers[0]['pids'] + workers[1]['pids']
     assert not set(local_pids) & set(actor_pids)
+    # The report's tables (and the plot) show both.
+    text = format_report(report)
+    assert 'Per worker (rank 0' in text and 'Per data actor' in text
+    assert osp.getsize(osp.join(runner.log_dir, 'data_monitor.png')) > 0
     # after_run stopped the persistent local workers.
     assert not any(map(_alive, local_pids))
 
