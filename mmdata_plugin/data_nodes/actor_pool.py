@@ -1,7 +1,7 @@
 """The data actors of one training process: started, checked, replaced."""
 import logging
 import socket
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, List, Optional, Tuple
 
 from mmengine.logging import print_log
 
@@ -83,6 +83,17 @@ def check_node(report: NodeReport) -> NodeReport:
     return report
 
 
+def _split_started(starting: List[tuple]) -> Tuple[List[tuple], List[tuple]]:
+    """``(started, waiting)``: the ``(actor, report ref)`` pairs whose
+    report is ready, and the others (waits for nothing)."""
+    if not starting:
+        return [], []
+    refs = [ref for _, ref in starting]
+    ready = set(import_ray().wait(refs, num_returns=len(refs), timeout=0)[0])
+    return ([pair for pair in starting if pair[1] in ready],
+            [pair for pair in starting if pair[1] not in ready])
+
+
 class Pending:
     """A batch of indices sent to ``actor``, the pool's actor ``slot``;
     ``deaths`` counts the actors that died while making it."""
@@ -145,20 +156,14 @@ class ActorPool:
 
     def _read_replacements(self) -> None:
         ray = import_ray()
-        refs = [ref for _, ref in self._replacing]
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
-        waiting = []
-        for actor, ref in self._replacing:
-            if ref not in ready:
-                waiting.append((actor, ref))
-                continue
+        started, self._replacing = _split_started(self._replacing)
+        for actor, ref in started:
             try:
                 report = ray.get(ref)
             except ray.exceptions.RayActorError:
                 continue  # died too: its own replacement reports
             if actor in self._actors:
                 self._nodes[self._actors.index(actor)] = report
-        self._replacing = waiting
 
     @property
     def size(self) -> int:
@@ -205,15 +210,8 @@ class ActorPool:
     def admit_started(self) -> None:
         """Let the new actors that have started take batches."""
         ray = import_ray()
-        refs = [ref for _, ref in self._starting]
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
-        if not ready:
-            return
-        waiting = []
-        for actor, ref in self._starting:
-            if ref not in ready:
-                waiting.append((actor, ref))
-                continue
+        started, self._starting = _split_started(self._starting)
+        for actor, ref in started:
             try:
                 report = check_node(ray.get(ref))
             except ray.exceptions.RayActorError as error:
@@ -225,7 +223,6 @@ class ActorPool:
                 continue
             self._actors.append(actor)
             self._nodes.append(report)
-        self._starting = waiting
 
     def replace(self, actor, error: Exception) -> None:
         """Start a new actor in the place of ``actor``, which died (one
