@@ -22,9 +22,13 @@ from monitor_helpers import (SleepyCollate, SleepyDataset,  # noqa: E402
 from ray_runs import CHECKPOINT_EVERY_4, ON_DATA_NODES  # noqa: E402
 from ray_runs import ray_hook_of  # noqa: E402
 
-from mmdata_plugin.data_monitor import format_report  # noqa: E402
+from mmdata_plugin.data_monitor import (build_report,  # noqa: E402
+                                        format_report)
+from mmdata_plugin.data_monitor.statistics import StatsBook  # noqa: E402
 from mmdata_plugin.data_nodes import (ActorPool, LocalShare,  # noqa: E402
                                       RayBatchStream)
+from mmdata_plugin.engine.hooks.ray_data_nodes_hook import \
+    _AutoSize  # noqa: E402
 
 EPOCHS = dict(type='FastResumeEpochBasedTrainLoop', max_epochs=2)
 MIXED = dict(type='RayDataNodesHook', num_actors=1, local_workers=True,
@@ -174,3 +178,66 @@ def test_actors_that_died_together_are_replaced_together(cluster):
     assert [[int(i) for i in batch[0]] for batch in got] == [
         _batch(k) for k in range(12)
     ]
+
+
+def _mixed_report(local_workers: int) -> dict:
+    """40 steps of batches made in 100 ms each, in turn by local workers
+    0 and 1 and by an actor (worker 2) on one data node; 30 ms steps,
+    each batch 45 ms late."""
+    book, clock = StatsBook(), 0.0
+    for step in range(40):
+        worker = step % 3
+        record = dict(pid=7 + worker, worker=worker, samples=32,
+                      start=clock, end=clock + 0.1, cpu=0.05, timed=False)
+        if worker == 2:
+            record.update(node='n' * 56, ip='10.0.0.2', host='data-2',
+                          bytes=1_000_000)
+        requested = clock + 0.1 - 0.045
+        book.add(0.048, 0.030, record, requested, requested + 0.048)
+        clock = requested + 1.0
+    summary = dict(book.summary(), rank=0, skipped=0, timeline=[],
+                   pipelines=[], startup=dict(count=1, wait=book.wait
+                                              .describe()))
+    summary['context'] = dict(
+        num_workers=2, cpus=2, dataset_type='SleepyDataset', batch_size=32,
+        pin_memory=False, data_nodes=dict(
+        num_actors=1, min_actors=None, max_actors=None, max_inflight=None,
+        actors=1, local_workers=local_workers, resizes=[]))
+    return build_report([summary])
+
+
+def test_the_report_and_the_sizing_count_the_local_workers():
+    report = _mixed_report(local_workers=2)
+    rank = report['ranks'][0]
+    assert [(w['worker'], 'nodes' in w) for w in rank['workers']] == [
+        (0, False), (1, False), (2, True)]
+    # Per data node: the actor's batches only.
+    assert [n['batches'] for n in rank['nodes']] == [13]
+    # ceil(100 / 30) = 4 producers keep up: 2 local workers and 2 actors.
+    assert report['verdict']['actors_needed'] == 2
+    advice = {a['topic']: a['text'] for a in report['advice']}
+    assert advice['actors'].startswith(
+        'Raise num_actors from 1 to 2: a batch takes 100.0 ms of one actor '
+        'or local worker')
+    text = format_report(report)
+    assert 'Per worker (rank 0' in text and 'Per data actor' in text
+    assert _mixed_report(local_workers=0)['verdict']['actors_needed'] == 4
+    monitor = _Monitor()
+    sizing = _AutoSize(monitor, 1, 6, 5, local_workers=2)
+    for _ in range(5):
+        monitor.total.add(0.02, 0.01, dict(
+            pid=1, worker=0, samples=2, start=0.0, end=0.04, cpu=0.0,
+            timed=False), 1.0, 1.0)
+    # Waiting, ceil(40 / 10) = 4 producers needed, 2 of them local.
+    assert sizing.wanted(1)[0] == 2
+
+
+class _Monitor:
+    """What the sizing reads of a DataLoaderMonitor."""
+
+    def __init__(self) -> None:
+        self.total = StatsBook()
+
+    @property
+    def counted_steps(self) -> int:
+        return self.total.wait.seen
