@@ -13,6 +13,7 @@ import os.path as osp
 import signal
 
 import pytest
+import torch
 
 pytest.importorskip(
     'ray', reason='Ray is not installed: pip install "mmdata_plugin[ray]" '
@@ -84,6 +85,25 @@ def test_a_stock_loop_keeps_the_order_its_early_iterator_had(
         dict(type='RayDataNodesHook', num_actors=1, **ON_DATA_NODES)
     ], **stock)
     assert runner.model.seen == expected
+
+
+@pytest.mark.parametrize('persistent', [True, False])
+def test_a_stock_epoch_loop_keeps_the_random_stream_of_local_workers(
+        cluster, tmp_path, persistent):
+    # iter(loader) draws the workers' base seed from the global generator:
+    # at each epoch, or only at the first with persistent workers. The Ray
+    # stream draws as that loader would, so the training process's random
+    # stream (dropout, batch augmentations) is that of local workers.
+    stock = dict(loop='epoch', crop=None, max_iters=24, monitor=False,
+                 persistent=persistent)
+    expected = train(tmp_path / 'local', **stock).model.seen
+    after_local = torch.get_rng_state()
+    runner = train(tmp_path / 'ray', custom_hooks=[
+        dict(type='RayDataNodesHook', num_actors=1, **ON_DATA_NODES)
+    ], **stock)
+    assert runner.train_loop.epoch == 2
+    assert runner.model.seen == expected
+    assert torch.equal(torch.get_rng_state(), after_local)
 
 
 class KillActorAt(Hook):

@@ -18,12 +18,15 @@ from .data_monitor_hook import DataMonitorHook
 
 def _ray_iterator(loader: DataLoader, base: type) -> RayBatchStream:
     nodes = loader._ray_data_nodes
-    if nodes.local is None:
+    if nodes.local is None and not (loader.persistent_workers
+                                    and nodes.seed_drawn):
         # A local iterator draws its workers' base seed from the loader's
-        # generator here; drawing it too keeps the training process's
-        # random stream (dropout, batch augmentations) that of a run with
-        # local workers. A local share's iterator draws it itself.
+        # generator when it starts: every pass, or only the first with
+        # persistent workers. Drawing it likewise keeps the training
+        # process's random stream (dropout, batch augmentations) that of a
+        # run with local workers. A local share's iterator draws it itself.
         torch.empty((), dtype=torch.int64).random_(generator=loader.generator)
+        nodes.seed_drawn = True
     # Under the data monitor each batch travels with its actor's record,
     # as a local worker's does.
     monitored = getattr(loader, '_data_monitor', None) is not None
@@ -53,6 +56,8 @@ class _Nodes:
         self.resizes: List[dict] = []
         # Batches handed out, by who made them.
         self.made = dict(local=0, actors=0)
+        # Whether a pass drew the workers' base seed (see _ray_iterator).
+        self.seed_drawn = False
 
     def context(self) -> dict:
         return dict(
