@@ -118,13 +118,20 @@ class RayBatchStream:
         self._in_ray = 0
         self.made = dict(local=0, actors=0) if made is None else made
         # Started here, as a DataLoader's iterator starts its workers.
+        self._share = local
         self._local = None if local is None else local.start(self._order)
         self._first_slot = 0 if local is None else local.num_workers
+        #: Whether nothing was handed out yet: a hook that changes how the
+        #: loader makes batches may stop this pass and start it again
+        #: (:func:`~mmdata_plugin.utils.started_iterators.
+        #: restart_started_iterator`).
+        self.restartable = True
 
     def __iter__(self) -> 'RayBatchStream':
         return self
 
     def __next__(self):
+        self.restartable = False
         self._fill()
         if not self._window:
             self._end_local_pass()
@@ -154,6 +161,16 @@ class RayBatchStream:
             return batch
         return self._wrap(
             batch, production_record(produced, pending, self._first_slot))
+
+    def _shutdown_workers(self) -> None:
+        """Stop this pass before it hands anything out (torch's iterators
+        have the method of this name): its local workers stop, and the
+        local share's DataLoader is built again at the next pass, with the
+        train DataLoader's collate of then (the data monitor's timed one).
+        Batches the actors were sent are let go."""
+        self._end_local_pass()
+        if self._share is not None:
+            self._share.close()
 
     def _end_local_pass(self) -> None:
         # Dropped, the local iterator stops its workers at once (torch's

@@ -62,6 +62,14 @@ def shutdown_persistent_iterator(loader: DataLoader) -> None:
         loader._iterator = None
 
 
+def _restartable(iterator) -> bool:
+    """Whether ``iterator`` is a pass a restart replaces: a torch iterator,
+    or one that says it has handed nothing out (``restartable``: the Ray
+    data nodes' stream)."""
+    return isinstance(iterator, _BaseDataLoaderIter) or getattr(
+        iterator, 'restartable', False)
+
+
 def restart_started_iterator(loader: DataLoader, loop) -> bool:
     """Restart the iterators already started on ``loader``.
 
@@ -83,10 +91,10 @@ def restart_started_iterator(loader: DataLoader, loop) -> bool:
     # _iterator`; this is the only place that does.
     persistent = getattr(loader, '_iterator', None)
     holder = getattr(loop, 'dataloader_iterator', None)
-    if isinstance(getattr(holder, '_iterator', None), _BaseDataLoaderIter):
+    if _restartable(getattr(holder, '_iterator', None)):
         started, replace = holder._iterator, lambda it: setattr(
             holder, '_iterator', it)
-    elif isinstance(holder, _BaseDataLoaderIter):
+    elif _restartable(holder):
         started, replace = holder, lambda it: setattr(
             loop, 'dataloader_iterator', it)
     else:

@@ -8,6 +8,7 @@ a random crop): their batches, made by Ray actors, must equal bitwise
 those of local DataLoader workers.
 """
 import glob
+import json
 import os
 import os.path as osp
 import signal
@@ -85,6 +86,28 @@ def test_a_stock_loop_keeps_the_order_its_early_iterator_had(
         dict(type='RayDataNodesHook', num_actors=1, **ON_DATA_NODES)
     ], **stock)
     assert runner.model.seen == expected
+
+
+@pytest.mark.parametrize('local_workers', [False, True])
+def test_the_monitor_sees_a_stream_the_stock_loop_started_early(
+        cluster, tmp_path, local_workers):
+    # IterBasedTrainLoop starts its iterator before any hook; this hook
+    # restarts it as a Ray stream, then DataMonitorHook (after it) must
+    # restart that stream too, or it never sees a batch (and a local
+    # share's workers would run the untimed pipeline).
+    runner = train(tmp_path, loop='iter', crop=None, max_iters=8,
+                   hook=dict(warmup_iters=0, settle_iters=0),
+                   custom_hooks=[dict(type='RayDataNodesHook', num_actors=1,
+                                      local_workers=local_workers,
+                                      **ON_DATA_NODES)])
+    with open(osp.join(runner.log_dir, 'data_monitor.json')) as f:
+        workers = json.load(f)['ranks'][0]['workers']
+    actors = [w for w in workers if 'nodes' in w]
+    assert len(actors) == 1 and actors[0]['batches'] > 0
+    local = [w for w in workers if 'nodes' not in w]
+    assert len(local) == (2 if local_workers else 0)
+    for worker in local:
+        assert worker['batches'] > 0 and worker['stages'], worker
 
 
 @pytest.mark.parametrize('persistent', [True, False])
