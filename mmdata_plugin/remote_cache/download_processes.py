@@ -124,8 +124,10 @@ class ProcessDownloads:
         for name in os.listdir(self.cancelled_dir):  # a dead planner's
             os.unlink(os.path.join(self.cancelled_dir, name))
         self.workers: List[Optional[_Worker]] = [None] * processes
-        # URL -> its job, sent to a download process, not answered yet.
+        # URL -> its job, sent to a download process, not answered yet;
+        # those the plan let go meanwhile.
         self._sent: Dict[str, _Job] = {}
+        self._cancelled = set()
         self.lost = 0
         self._next_id = 0
         self._jobs: List[_Job] = []
@@ -275,7 +277,8 @@ class ProcessDownloads:
         """The plan lets ``urls`` go: a download process that has not
         started theirs yet must not (it would be a second download)."""
         for url in urls:
-            if url in self._sent:
+            if url in self._sent and url not in self._cancelled:
+                self._cancelled.add(url)
                 os.close(os.open(self._cancel_mark(url),
                                  os.O_CREAT | os.O_WRONLY, 0o644))
 
@@ -287,7 +290,8 @@ class ProcessDownloads:
         for url in job.urls:
             if self._sent.get(url) is job:
                 del self._sent[url]
-                with contextlib.suppress(FileNotFoundError):
+                if url in self._cancelled:
+                    self._cancelled.discard(url)
                     os.unlink(self._cancel_mark(url))
 
     def inflight(self) -> int:
