@@ -3,6 +3,8 @@
 #
 #   python tools/benchmark_remote_cache.py            # 20k x 100 KB, 2 x 2
 #   python tools/benchmark_remote_cache.py --quick    # ~2 minutes
+#   python tools/benchmark_remote_cache.py --download-rate 2000
+#       # downloads/s and CPU per download against download processes
 #
 # The data set (random, incompressible samples with their index in the
 # first 8 bytes, so every read is checked) is served by our loopback HTTP
