@@ -42,7 +42,8 @@ from .read_once import ReadOnceMarks
 _PARENT_CHECK = 0.5
 #: Seconds a download process gets to finish its downloads when stopped.
 _STOP_SECONDS = 10.0
-#: A URL another process was downloading and left no entry of.
+#: A URL another process was downloading and left no entry of, or that a
+#: reader read (or the plan let go) before its download started.
 _BUSY = None
 #: A URL whose entry was freed before its size was taken.
 _GONE = -1
@@ -293,10 +294,6 @@ class ProcessDownloads:
                 if url in self._cancelled:
                     self._cancelled.discard(url)
                     os.unlink(self._cancel_mark(url))
-
-    def inflight(self) -> int:
-        return len(self._jobs) + sum(
-            len(w.jobs) for w in self.workers if w is not None)
 
     def close(self) -> None:
         """Stop the download processes (running downloads finish, within

@@ -1,5 +1,7 @@
 """One plan, several download processes (``download_processes=2``)."""
+import contextlib
 import json
+import multiprocessing
 import os
 import signal
 import sys
@@ -13,7 +15,9 @@ from helpers import REPO_ROOT, TRAIN_SCRIPT, quick_cfg_options
 
 from mmdata_plugin.cache.node_store import NodeStore
 from mmdata_plugin.remote_cache.cache_simulator import simulate
-from mmdata_plugin.remote_cache.node_cache_backend import NAMESPACE, READS
+from mmdata_plugin.remote_cache.download_processes import ProcessDownloads
+from mmdata_plugin.remote_cache.node_cache_backend import (NAMESPACE, READS,
+                                                           RemoteReader)
 from mmdata_plugin.remote_cache.prefetcher import _SIZE_PROBES
 from mmdata_plugin.testing import LoopbackHTTPServer, run_command
 
@@ -161,3 +165,44 @@ def test_hook_with_two_download_processes_trains(demo_root, train_env,
     downloads = [count for path, count in stats.downloads.items()
                  if path.startswith('train/')]
     assert downloads and set(downloads) == {1}
+
+
+def _planner(cache_dir, pipe):
+    """A planner's side of two download processes; sends their pids and
+    waits to be killed."""
+    store = NodeStore(cache_dir, 10 * SIZE)
+    downloads = ProcessDownloads(RemoteReader(store), 2, 4, 2.0)
+    downloads.poll(lambda sample, url: True)
+    pipe.send([worker.pid for worker in downloads.workers])
+    time.sleep(60)
+
+
+def _running(pid):
+    """Whether ``pid`` runs (a zombie that nobody reaped does not)."""
+    try:
+        with open(f'/proc/{pid}/stat') as stat:
+            return stat.read().rsplit(')', 1)[1].split()[0] != 'Z'
+    except FileNotFoundError:
+        return False
+
+
+def test_download_processes_stop_when_the_prefetch_process_is_killed(
+        tmp_path):
+    context = multiprocessing.get_context('fork')
+    ours, theirs = context.Pipe()
+    planner = context.Process(target=_planner,
+                              args=(str(tmp_path / 'cache'), theirs))
+    planner.start()
+    pids = ours.recv()
+    assert all(_running(pid) for pid in pids)
+    os.kill(planner.pid, signal.SIGKILL)
+    planner.join()
+    deadline = time.monotonic() + 10
+    try:
+        while any(_running(pid) for pid in pids):
+            assert time.monotonic() < deadline, pids
+            time.sleep(0.05)
+    finally:
+        for pid in pids:  # none left behind by a failure
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
