@@ -727,10 +727,9 @@ class NodePrefetcher:
             self._downloading.discard(result.sample)
         if result.error is not None:
             kind, message = result.error
-            self._warn_once(kind, f'Remote cache prefetch of {result.urls} '
-                            'failed '
-                            f'({message}); the DataLoader reads it on '
-                            'demand.')
+            self._warn_once(
+                kind, f'Remote cache prefetch of {result.urls} failed '
+                f'({message}); the DataLoader reads it on demand.')
 
     def _still_needed(self, sample: int, url: str) -> bool:
         """Whether a download is still wanted when it starts: a reader
