@@ -300,6 +300,9 @@ def test_auto_reserve_is_what_the_window_needs(tmp_path):
     # plus two samples of margin.
     assert prefetcher.reserve == 74 * SIZE
     assert prefetcher.planner.cache.capacity == 1926 * SIZE
+    # (Downloads still running would measure their own latency over the
+    # one set below.)
+    prefetcher._pool.shutdown(wait=True)
     # Measured: 1000 ticks/s, 50 ms per download, 1 in 4 a miss: a window
     # of 8 + 150 ticks, 40 of them downloads.
     prefetcher._rate, prefetcher._latency = 1000.0, 0.05
