@@ -3,6 +3,8 @@
 #
 #   python tools/benchmark_remote_cache.py            # 20k x 100 KB, 2 x 2
 #   python tools/benchmark_remote_cache.py --quick    # ~2 minutes
+#   python tools/benchmark_remote_cache.py --download-rate 2000
+#       # downloads/s and CPU per download against download processes
 #
 # The data set (random, incompressible samples with their index in the
 # first 8 bytes, so every read is checked) is served by our loopback HTTP
@@ -126,6 +128,17 @@ def parse_args(argv=None):
         '(thread CPU clock, FILES of --sample-kb from an in-memory '
         'loopback server with MD5 ETags), clean and with 5%% of the '
         'bodies corrupted')
+    parser.add_argument(
+        '--download-rate', type=int, default=None, metavar='FILES',
+        help='only measure the node prefetcher downloading FILES of '
+        '--sample-kb (one epoch, all kept) from a loopback server in '
+        'another process with --download-processes download processes: '
+        'downloads/s and CPU ms per download in the prefetch process '
+        '(planning, booking, IPC; the downloads too with one process) and '
+        'in the download processes; medians of --repeats runs')
+    parser.add_argument('--download-processes', default='1,2,4',
+                        metavar='N,N,...')
+    parser.add_argument('--repeats', type=int, default=3)
     parser.add_argument(
         '--work-dir',
         default=osp.join(tempfile.gettempdir(), 'mmdata_benchmark_remote'))
@@ -571,6 +584,9 @@ def main():
         return
     if args.download_cpu:
         report_download_cpu(args)
+        return
+    if args.download_rate:
+        report_download_rate(args)
         return
     from mmdata_plugin.testing import LoopbackHTTPServer
     work_dir = args.work_dir
@@ -1213,6 +1229,122 @@ def report_download_cpu(args) -> None:
               f"{row['process_ms']:.2f} | {row['wrong']} | {row['corrupt']} | {row['raised']} | "
               f"{row['requests']} |",
               flush=True)
+
+
+# ---------------------------- downloads/s against download processes
+
+
+def download_rate(processes: int, files: int, base_url: str,
+                  work_dir: str, max_inflight: int = 64) -> dict:
+    """The node prefetcher downloading ``files`` samples (one epoch read
+    from position 0, a budget that keeps them all, the whole epoch read
+    ahead) with ``processes`` download processes: downloads/s from the
+    first decision to the last answer, and CPU ms per download of this
+    process (the prefetch process: planning, booking, IPC, and the
+    downloads themselves with one process) and of the download processes
+    (reaped, so counted in this process's children times)."""
+    from multiprocessing.connection import wait
+    from unittest import mock
+
+    from torch.utils.data import BatchSampler
+
+    import mmdata_plugin  # noqa: F401  (registers the remote backends)
+    from mmdata_plugin.cache.node_store import NodeStore
+    from mmdata_plugin.datasets import RankShardedSampler
+    from mmdata_plugin.remote_cache.consumption_cursors import (
+        CursorReader, CursorWriter)
+    from mmdata_plugin.remote_cache.node_cache_backend import (NAMESPACE,
+                                                               RemoteReader)
+    from mmdata_plugin.remote_cache.prefetcher import NodePrefetcher
+    from mmdata_plugin.sample_order import NodeStream, sample_order_of
+    cache_dir = osp.join(work_dir, f'rate_cache_{processes}')
+    shutil.rmtree(cache_dir, ignore_errors=True)
+    with mock.patch(
+            'mmdata_plugin.datasets.rank_sharded_sampler.get_dist_info',
+            return_value=(0, 1)):
+        sampler = RankShardedSampler(list(range(files)), seed=0)
+    stream = NodeStream(sample_order_of(BatchSampler(sampler, 32, False), 1),
+                        1, 0, 1)
+    limit = 1 << 40
+    store = NodeStore(cache_dir, limit)
+    writer = CursorWriter(cache_dir, 0, 1)
+    prefetcher = NodePrefetcher(
+        RemoteReader(store, dict(backend='remote_http')), stream,
+        lambda sample: [f'{base_url}{sample}.bin'],
+        CursorReader(cache_dir, [0], 1), reserve=limit // 2,
+        readahead=files, max_inflight=max_inflight,
+        stop=stream.epoch_start(1), horizon=files,
+        download_processes=processes)
+    store.eviction_policy = prefetcher.victims
+    writer.publish(0, 0)
+    prefetcher.start(0)  # its size probes are not timed
+    expected = files - store.usage().entries
+    children = os.times()
+    cpu, start = time.process_time(), time.perf_counter()
+    while prefetcher.stats['downloads'] < expected:
+        prefetcher.poll()
+        connections = prefetcher.connections()
+        if connections:
+            wait(connections, 0.005)
+        else:
+            time.sleep(0.005)
+    seconds = time.perf_counter() - start
+    planner_cpu = time.process_time() - cpu
+    prefetcher.close()  # reaps the download processes
+    after = os.times()
+    children_cpu = (after.children_user + after.children_system -
+                    children.children_user - children.children_system)
+    produced = store.counters(NAMESPACE)['produced']
+    writer.close()
+    return dict(processes=processes, downloads=expected,
+                per_s=expected / seconds,
+                planner_ms=planner_cpu * 1e3 / expected,
+                downloaders_ms=children_cpu * 1e3 / expected,
+                failed=prefetcher.stats['failed'], produced=produced)
+
+
+def report_download_rate(args) -> None:
+    import multiprocessing
+    sample_bytes = int(args.sample_kb * 1000)
+    os.makedirs(args.work_dir, exist_ok=True)
+    rng = np.random.default_rng(0)
+    objects = {f'{i}.bin': rng.bytes(sample_bytes)
+               for i in range(args.download_rate)}
+    pipe, child_pipe = multiprocessing.Pipe()
+    server = multiprocessing.get_context('fork').Process(
+        target=_serve_objects, args=(objects, 0.0, child_pipe), daemon=True)
+    server.start()
+    rows = {}
+    try:
+        base_url = pipe.recv()
+        for _ in range(args.repeats):
+            for processes in (int(n) for n in
+                              args.download_processes.split(',')):
+                rows.setdefault(processes, []).append(
+                    download_rate(processes, args.download_rate, base_url,
+                                  args.work_dir))
+        pipe.send('stop')
+        pipe.recv()
+    finally:
+        server.join(timeout=30)
+        if server.is_alive():
+            server.kill()
+    print(f'| download processes | downloads/s | CPU ms per '
+          f'{args.sample_kb:g} KB download: prefetch process | download '
+          'processes | failed |')
+    print('|---|---|---|---|---|')
+    for processes, runs in rows.items():
+
+        def median(key):
+            return float(np.median([run[key] for run in runs]))
+
+        print(f"| {processes} | {median('per_s'):.0f} | "
+              f"{median('planner_ms'):.3f} | "
+              f"{median('downloaders_ms'):.3f} | "
+              f"{sum(run['failed'] for run in runs)} |",
+              flush=True)
+    print(f'({args.download_rate} downloads per run, medians of '
+          f'{args.repeats} runs; load average {os.getloadavg()[0]:.1f})')
 
 
 if __name__ == '__main__':

@@ -58,6 +58,11 @@ API (the roles every consumer relies on):
   never waits for another producer.
 * :meth:`NodeStore.reserve` -- a :class:`Reservation` (context manager);
   raises :class:`CacheBudgetError` when impossible.
+* :meth:`NodeStore.produce_into`, :meth:`NodeStore.reserve_entry` and
+  :meth:`NodeStore.reserve_for` -- single flight for a producer whose room
+  another process may make: it reserves what is free, and the process
+  with the eviction policy reserves in its name when nothing is (the node
+  prefetcher's download processes).
 * :meth:`NodeStore.evict`, :meth:`NodeStore.usage` (:class:`StoreUsage`),
   :meth:`NodeStore.entries`, :meth:`NodeStore.counters`.
 * ``eviction_policy(nbytes) -> Iterable[(namespace, key)]``: who to evict to
@@ -471,12 +476,58 @@ class NodeStore:
                 # rather than starting again privately: the bytes are read
                 # from the remote once.
                 wait = _ROOM_WAIT_SECONDS if room_wait is None else room_wait
-                temp, size = self._write_temp(produce, reservation,
-                                              validate, wait)
-                self._publish(reservation, temp, EntryRow(
-                    digest, namespace, key, size, time.time()))
+                return self._produce_entry(namespace, key, digest, produce,
+                                           reservation, validate, wait)
+
+    def _produce_entry(self, namespace: str, key: str, digest: str,
+                       produce, reservation: Reservation, validate,
+                       wait: float) -> StoreEntry:
+        """Write and publish the entry (under its key lock) into
+        ``reservation``; a failed ``produce`` leaves the reservation."""
+        temp, size = self._write_temp(produce, reservation, validate, wait)
+        self._publish(reservation, temp, EntryRow(
+            digest, namespace, key, size, time.time()))
         self._counters.add(namespace, 'produced')
-        return StoreEntry(path, admitted=True, size=size)
+        return StoreEntry(self._entry_path(namespace, digest),
+                          admitted=True, size=size)
+
+    def produce_into(self,
+                     namespace: str,
+                     key: str,
+                     produce: Callable[[BinaryIO], None],
+                     reservation: Reservation,
+                     wait: float = 0) -> Optional[StoreEntry]:
+        """Return the entry of ``key``, producing it once if missing into
+        ``reservation`` (from :meth:`reserve_entry`, or from another
+        process's :meth:`reserve_for` in this one's name): for a producer
+        whose room another process may make (the node prefetcher's
+        download processes), which must not hold the key's lock while it
+        waits for that. A write that outgrows the reservation waits
+        ``wait`` seconds for room; a ``produce`` that raises leaves the
+        reservation to the caller (for another try).
+
+        Returns None, producing nothing, when another process was
+        producing the key and left no entry: whether it is still wanted is
+        the caller's to ask (a reader that downloaded it may have read it,
+        and the plan freed it). The reservation is released unless used.
+        """
+        digest = self._digest(namespace, key)
+        path = self._entry_path(namespace, digest)
+        with self._key_lock(digest, blocking=False) as free:
+            if free:
+                if os.path.exists(path):
+                    reservation.release()
+                    self._hit(namespace, digest)
+                    return StoreEntry(path, admitted=True)
+                self._counters.add(namespace, 'misses')
+                return self._produce_entry(namespace, key, digest, produce,
+                                           reservation, None, wait)
+        with self._key_lock(digest):
+            reservation.release()
+            if os.path.exists(path):
+                self._counters.add(namespace, 'waited')
+                return StoreEntry(path, admitted=True)
+        return None
 
     def publish_bytes(self, namespace: str, key: str,
                       data: bytes) -> Optional[str]:
@@ -501,11 +552,9 @@ class NodeStore:
                 self._counters.add(namespace, 'bypassed')
                 return None
             with reservation:
-                temp, size = self._write_temp(
-                    lambda file: file.write(data), reservation, None)
-                self._publish(reservation, temp, EntryRow(
-                    digest, namespace, key, size, time.time()))
-        self._counters.add(namespace, 'produced')
+                self._produce_entry(namespace, key, digest,
+                                    lambda file: file.write(data),
+                                    reservation, None, 0)
         return path
 
     def _produce_private(self, namespace, produce, size_hint,
@@ -634,8 +683,10 @@ class NodeStore:
         return self._reserve(nbytes, evict)
 
     def _reserve(self, nbytes: int, evict: bool = True,
-                 entry: Optional[Tuple[str, str, str]] = None) -> Reservation:
-        """:meth:`reserve` for the entry ``(namespace, key, digest)``."""
+                 entry: Optional[Tuple[str, str, str]] = None,
+                 owner: Optional[str] = None) -> Reservation:
+        """:meth:`reserve` for the entry ``(namespace, key, digest)``, in
+        the name of ``owner`` (this process when None)."""
         if not isinstance(nbytes, int) or nbytes < 0:
             raise ValueError(f'cannot reserve {nbytes!r} bytes')
         namespace, key, digest = entry or (None, None, None)
@@ -644,8 +695,33 @@ class NodeStore:
                 self._reclaim_abandoned()
             self._make_room(nbytes, evict)
             reservation_id = self._ledger.insert_reservation(
-                current_owner(), nbytes, digest, namespace, key)
+                owner or current_owner(), nbytes, digest, namespace, key)
         return Reservation(self, reservation_id, nbytes)
+
+    def reserve_entry(self, namespace: str, key: str,
+                      nbytes: int) -> Reservation:
+        """:meth:`reserve` for the entry of ``key`` (a kill after the
+        entry's file is in place leaves what is adopted), for
+        :meth:`produce_into`."""
+        return self._reserve(nbytes,
+                             entry=(namespace, key,
+                                    self._digest(namespace, key)))
+
+    def reserve_for(self, owner: str, namespace: str, key: str,
+                    nbytes: int) -> Reservation:
+        """:meth:`reserve_entry` in the name of the process ``owner`` (as
+        :func:`~.process_owner.owner_of` names it) that will write the
+        entry with :meth:`produce_into`: its death frees the bytes, and
+        adopts the entry if it published it, as if it had reserved them
+        itself (:meth:`_reclaim_abandoned`).
+
+        Raises:
+            CacheBudgetError: They do not fit even after eviction.
+        """
+        return self._reserve(nbytes,
+                             entry=(namespace, key,
+                                    self._digest(namespace, key)),
+                             owner=owner)
 
     def _grow(self, reservation: Reservation, nbytes: int) -> None:
         with self._ledger.transaction():
@@ -795,6 +871,12 @@ class NodeStore:
         """
         with self._ledger.transaction():
             return list(self._ledger.entries(namespace))
+
+    def flush(self) -> None:
+        """Write the ledger rows of the entries this process published now
+        (they follow within ``PUBLISH_DELAY`` otherwise): for a process
+        that leaves by ``os._exit``."""
+        self._ledger.flush_published()
 
     def count(self, namespace: str, name: str, value: int = 1) -> None:
         """Add ``value`` to this process's counter ``name`` of

@@ -25,12 +25,18 @@ def _start_time(pid: int) -> Optional[str]:
         return ''
 
 
+def owner_of(pid: int) -> str:
+    """The owner string of the running process ``pid`` (a child the caller
+    forked and reserves for)."""
+    return f'{socket.gethostname()}:{pid}:{_start_time(pid)}'
+
+
 def current_owner() -> str:
     """The owner string of the calling process."""
     global _cached
     pid = os.getpid()
     if _cached[0] != pid:
-        _cached = (pid, f'{socket.gethostname()}:{pid}:{_start_time(pid)}')
+        _cached = (pid, owner_of(pid))
     return _cached[1]
 
 

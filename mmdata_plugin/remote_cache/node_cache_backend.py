@@ -20,12 +20,13 @@ the store keeps the most recently read files.
 import contextlib
 import os
 import time
-from typing import Callable, Dict, Iterator, List, Optional, Tuple, Union
+from typing import (Any, Callable, Dict, Iterator, List, Optional, Tuple,
+                    Union)
 
 from mmengine.fileio import get_file_backend
 from mmengine.fileio.backends import BaseStorageBackend, register_backend
 
-from ..cache.node_store import NodeStore, StoreEntry
+from ..cache.node_store import NodeStore, Reservation, StoreEntry
 from ..remote.errors import RemoteCorruptError
 from ..remote.remote_backend import CORRUPT_ATTEMPTS
 from .read_once import ReadOnceMarks
@@ -172,6 +173,33 @@ class RemoteReader:
         of downloading a private copy (for a download nobody reads now; see
         :meth:`~mmdata_plugin.cache.node_store.NodeStore.get_or_produce`).
         """
+        # A reservation that outgrows the hint is grown while writing.
+        hint = min(self.size_hint if size_hint is None else size_hint,
+                   self.store.limit)
+        produce = self._producer(url, wanted)
+        return self._retrying_corrupt(
+            lambda: self.store.get_or_produce(NAMESPACE, url, produce, hint,
+                                              admit=admit,
+                                              room_wait=room_wait))
+
+    def fetch_into(self, url: str, reservation: Reservation,
+                   room_wait: float,
+                   wanted: Callable[[], bool]) -> Optional[StoreEntry]:
+        """:meth:`fetch` into ``reservation`` (see
+        :meth:`~mmdata_plugin.cache.node_store.NodeStore.produce_into`);
+        None when another process was downloading ``url`` and left no
+        entry. ``wanted`` and ``room_wait`` as for :meth:`fetch`; the
+        reservation is released unless used."""
+        produce = self._producer(url, wanted)
+        try:
+            return self._retrying_corrupt(
+                lambda: self.store.produce_into(NAMESPACE, url, produce,
+                                                reservation, room_wait))
+        finally:
+            reservation.release()
+
+    def _producer(self, url: str, wanted: Optional[Callable[[], bool]]):
+        """What downloads ``url`` into a store's file."""
 
         def produce(file) -> None:
             if wanted is not None and not wanted():
@@ -185,17 +213,16 @@ class RemoteReader:
                 file.write(backend.get(url))
             self.store.count(NAMESPACE, 'produced_bytes', file.tell())
 
-        # A reservation that outgrows the hint is grown while writing.
-        hint = min(self.size_hint if size_hint is None else size_hint,
-                   self.store.limit)
+        return produce
+
+    def _retrying_corrupt(self, fetch: Callable[[], Any]) -> Any:
+        """``fetch()``, again while its bytes fail their checksum (the
+        store keeps nothing of them), ``CORRUPT_ATTEMPTS`` times in all."""
         attempts = 1
         while True:
             try:
-                return self.store.get_or_produce(NAMESPACE, url, produce,
-                                                 hint, admit=admit,
-                                                 room_wait=room_wait)
+                return fetch()
             except RemoteCorruptError:
-                # The store kept nothing of it; a new download may be whole.
                 self.store.count(NAMESPACE, 'corrupt')
                 if attempts == CORRUPT_ATTEMPTS:
                     raise

@@ -4,13 +4,15 @@ Forked from the training process of the node's first rank, so that it
 inherits the sampler and the dataset (no pickling, no second index build)
 and its downloads and planning do not compete with training for the GIL.
 It stops when told, when its parent dies, or on Ctrl-C; its downloads are
-daemon threads and anything they leave half-written is a temp file that the
-store reclaims.
+daemon threads (or processes it forks, see :mod:`.download_processes`)
+and anything they leave half-written is a temp file that the store
+reclaims.
 """
 import contextlib
 import multiprocessing
 import os
 import time
+from multiprocessing.connection import wait
 from typing import Callable, List, NamedTuple, Optional
 
 from mmengine.logging import print_log
@@ -40,6 +42,7 @@ class PrefetchSpec(NamedTuple):
     max_inflight: int
     stop: Optional[int]
     horizon: int
+    download_processes: int = 1
 
 
 def build_prefetcher(spec: PrefetchSpec) -> NodePrefetcher:
@@ -53,7 +56,8 @@ def build_prefetcher(spec: PrefetchSpec) -> NodePrefetcher:
         readahead=spec.readahead,
         max_inflight=spec.max_inflight,
         stop=spec.stop,
-        horizon=spec.horizon)
+        horizon=spec.horizon,
+        download_processes=spec.download_processes)
     # The plan decides what goes when a download needs room.
     store.eviction_policy = prefetcher.victims
     return prefetcher
@@ -70,7 +74,8 @@ def _run(spec: PrefetchSpec, stop, parent: int) -> None:
                 prefetcher.write_status(spec.cache_dir)
                 prefetcher.write_victims(spec.cache_dir)
                 next_status = now + _STATUS_SECONDS
-            stop.poll(_POLL_SECONDS)
+            # Woken by an answer of a download process too.
+            wait([stop] + prefetcher.connections(), _POLL_SECONDS)
     except KeyboardInterrupt:
         pass
     finally:

@@ -39,6 +39,7 @@ from mmengine.logging import print_log
 from ..cache.node_store import CacheBudgetError
 from ..sample_order.node_stream import NodeStream
 from .consumption_cursors import CursorReader
+from .download_processes import DownloadResult, ProcessDownloads
 from .node_cache_backend import (NAMESPACE, DownloadNotWanted, RemoteReader,
                                  write_victims)
 from .file_holders import FileHolders
@@ -89,6 +90,9 @@ class NodePrefetcher:
         horizon (int): Ticks looked ahead for next uses.
         min_lead (int): Ticks downloaded ahead beyond ``readahead`` before
             any rate is measured.
+        download_processes (int): Processes forked to download (see
+            :mod:`.download_processes`) when one's CPU is not enough; 1
+            downloads on threads of this process.
     """
 
     def __init__(self,
@@ -101,7 +105,8 @@ class NodePrefetcher:
                  max_inflight: int = 64,
                  stop: Optional[int] = None,
                  horizon: int = 1 << 20,
-                 min_lead: int = 64) -> None:
+                 min_lead: int = 64,
+                 download_processes: int = 1) -> None:
         self.reader = reader
         self.store = reader.store
         self.stream = stream
@@ -148,7 +153,13 @@ class NodePrefetcher:
         self._booked_ahead = set()
         self._mean_size = float(reader.size_hint or 1 << 16)
         self._largest_size = 0
-        self._pool = ThreadPoolExecutor(max_inflight, 'node-prefetch')
+        if download_processes > 1:
+            self._processes = ProcessDownloads(reader, download_processes,
+                                               max_inflight, _ROOM_WAIT)
+            self._pool = None
+        else:
+            self._processes = None
+            self._pool = ThreadPoolExecutor(max_inflight, 'node-prefetch')
         self._inflight = 0
         self._downloading = set()
         # Files off the books, until this thread has evicted them.
@@ -421,6 +432,8 @@ class NodePrefetcher:
         # when a download's reservation asks `victims`. Only this thread
         # books, so a file leaving now is on no book.
         if urls:
+            if self._processes is not None:
+                self._processes.cancel(urls)
             freed = self.store.evict_many(NAMESPACE, urls)
             self.stats['evicted_by_plan'] += sum(map(bool, freed))
         with self._lock:
@@ -528,9 +541,20 @@ class NodePrefetcher:
             downloads = self._decide_ahead() + self._fetch_entering()
             leaving = list(self._leaving)
         self._evict(leaving)
+        if self._processes is None:
+            for download in downloads:
+                self._pool.submit(self._download, *download)
+            return True
         for download in downloads:
-            self._pool.submit(self._download, *download)
+            self._processes.submit(*download)
+        for result in self._processes.poll(self._still_needed):
+            self._finished(result)
         return True
+
+    def connections(self) -> list:
+        """The download processes' pipes (answers to book when readable)."""
+        return [] if self._processes is None else \
+            self._processes.connections()
 
     def _decide_ahead(self) -> list:
         """Decide the ticks of the window; the downloads to start."""
@@ -645,8 +669,10 @@ class NodePrefetcher:
         return downloads
 
     def _download(self, sample: int, urls: List[str], size: int) -> None:
+        """Download ``sample``'s files on this thread (one process)."""
         start = time.perf_counter()
         total, fetched, sized = 0, 0, True
+        error, no_room = None, False
         try:
             for url in urls:
                 try:
@@ -668,30 +694,37 @@ class NodePrefetcher:
                     except FileNotFoundError:
                         # Read and freed already.
                         sized = False
-            with self._lock:
-                if fetched:
-                    self.stats['downloads'] += 1
-                    self._latency = (0.8 * self._latency + 0.2 *
-                                     (time.perf_counter() - start))
-                if fetched and sized:
-                    self._learn_size(sample, total)
         except CacheBudgetError:
             # No room within _ROOM_WAIT (the budget holds what reads
             # before this one need): no body was read, its reader
             # downloads it on demand, once.
-            with self._lock:
+            no_room = True
+        except Exception as failure:  # the reader's own read reports it
+            error = (type(failure).__name__, repr(failure))
+        self._finished(
+            DownloadResult(sample, urls, fetched, total, sized,
+                           time.perf_counter() - start, error, no_room))
+
+    def _finished(self, result: DownloadResult) -> None:
+        """Book how a download ended (on a thread, or answered by a
+        download process)."""
+        with self._lock:
+            if result.no_room:
                 self.stats['no_room'] += 1
-        except Exception as error:  # the reader's own read reports it
-            with self._lock:
+            elif result.error is not None:
                 self.stats['failed'] += 1
-            self._warn_once(type(error).__name__,
-                            f'Remote cache prefetch of {urls} failed '
-                            f'({error!r}); the DataLoader reads it on '
-                            'demand.')
-        finally:
-            with self._lock:
-                self._inflight -= 1
-                self._downloading.discard(sample)
+            elif result.fetched:
+                self.stats['downloads'] += 1
+                self._latency = 0.8 * self._latency + 0.2 * result.seconds
+                if result.sized:
+                    self._learn_size(result.sample, result.total)
+            self._inflight -= 1
+            self._downloading.discard(result.sample)
+        if result.error is not None:
+            kind, message = result.error
+            self._warn_once(
+                kind, f'Remote cache prefetch of {result.urls} failed '
+                f'({message}); the DataLoader reads it on demand.')
 
     def _still_needed(self, sample: int, url: str) -> bool:
         """Whether a download is still wanted when it starts: a reader
@@ -718,6 +751,10 @@ class NodePrefetcher:
             return dict(
                 time=time.time(),
                 pid=os.getpid(),
+                download_processes=(len(self._processes.workers)
+                                    if self._processes else 1),
+                download_processes_lost=(self._processes.lost
+                                         if self._processes else 0),
                 position=self.position,
                 planned_to=self.planner.tick if self.planner else 0,
                 window=self.window(),
@@ -753,4 +790,7 @@ class NodePrefetcher:
 
     def close(self) -> None:
         """Stop downloading; running downloads finish or are abandoned."""
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        if self._processes is not None:
+            self._processes.close()
+        else:
+            self._pool.shutdown(wait=True, cancel_futures=True)

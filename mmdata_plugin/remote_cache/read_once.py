@@ -66,6 +66,10 @@ class ReadOnceMarks:
                 with contextlib.suppress(FileNotFoundError):
                     os.close(os.open(read, os.O_CREAT | os.O_WRONLY, 0o644))
 
+    def reported(self, digest: str) -> bool:
+        """Whether a read of ``digest`` was reported and not taken yet."""
+        return os.path.exists(os.path.join(self.read_dir, digest))
+
     def take_read(self) -> List[str]:
         """Digests of marked entries read since the last call."""
         try:

@@ -44,7 +44,7 @@ def make_stream(count, world_size=1):
 
 def build(tmp_path, count=120, limit=40 * SIZE, reserve=10 * SIZE,
           readahead=8, epochs=3, token=1, start_stream=None, urls=None,
-          remote=None, max_inflight=4):
+          remote=None, max_inflight=4, download_processes=1):
     urls = urls or make_source(str(tmp_path / 'remote'), count)
     cache_dir = str(tmp_path / 'cache')
     store = NodeStore(cache_dir, limit)
@@ -55,7 +55,8 @@ def build(tmp_path, count=120, limit=40 * SIZE, reserve=10 * SIZE,
         CursorReader(cache_dir, [0], token), reserve=reserve,
         readahead=readahead, max_inflight=max_inflight,
         stop=stream.epoch_start(epochs),
-        horizon=2 * stream.epoch_ticks_of(epochs - 1))
+        horizon=2 * stream.epoch_ticks_of(epochs - 1),
+        download_processes=download_processes)
     store.eviction_policy = prefetcher.victims
     return prefetcher, writer, urls, cache_dir, limit
 
@@ -77,9 +78,11 @@ def consume(prefetcher, writer, urls, cache_dir, limit, start, stop, batch=4,
         writer.publish(*stream.epoch_of(tick))
         prefetcher.poll()
         prefetcher.write_victims(cache_dir)
+        deadline = time.monotonic() + 30
         while settle and (prefetcher.status()['inflight']
                           or prefetcher.planner.tick < min(tick + batch,
                                                            stop)):
+            assert time.monotonic() < deadline, prefetcher.status()
             time.sleep(0.001)
             prefetcher.poll()
         for sample in stream.ids(tick, min(tick + batch, stop)).tolist():
@@ -297,6 +300,9 @@ def test_auto_reserve_is_what_the_window_needs(tmp_path):
     # plus two samples of margin.
     assert prefetcher.reserve == 74 * SIZE
     assert prefetcher.planner.cache.capacity == 1926 * SIZE
+    # (Downloads still running would measure their own latency over the
+    # one set below.)
+    prefetcher._pool.shutdown(wait=True)
     # Measured: 1000 ticks/s, 50 ms per download, 1 in 4 a miss: a window
     # of 8 + 150 ticks, 40 of them downloads.
     prefetcher._rate, prefetcher._latency = 1000.0, 0.05
