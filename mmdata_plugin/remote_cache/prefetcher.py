@@ -130,6 +130,8 @@ class NodePrefetcher:
         # Decided reads not yet passed by the loops, per sample, and the
         # (tick, sample) heap that settles them when the loops pass.
         self._reads: Dict[int, int] = {}
+        # The last of those reads' ticks.
+        self._last_read: Dict[int, int] = {}
         self._releases: list = []
         # Files of the samples the plan has on its books (read ahead or
         # kept), and the samples booking each file's digest (samples may
@@ -396,8 +398,10 @@ class NodePrefetcher:
                 _, url = marked
                 self._unstage(url)
                 gone.append(url)
-            elif digest not in self._booked:
-                self._read_ahead[digest] = None
+            # Read, maybe by a reader ahead of the plan: before the plan
+            # decided its tick, or before the plan's download of it (which
+            # is then not wanted, :meth:`_still_needed`).
+            self._read_ahead[digest] = None
         self.stats['freed_at_read'] += len(gone)
         # Reads the plan never reaches (the run ends first) are forgotten,
         # oldest first.
@@ -424,6 +428,11 @@ class NodePrefetcher:
                 self._reads[sample] = count
             else:
                 del self._reads[sample]
+                del self._last_read[sample]
+                # Its reads are past: a report of one of them says nothing
+                # of the next.
+                for url in self._urls.get(sample, ()):
+                    self._read_ahead.pop(self._digest(url), None)
             gone.extend(self._settle(sample))
         return gone
 
@@ -523,12 +532,9 @@ class NodePrefetcher:
 
     def poll(self) -> bool:
         """One round; False until every rank has published a position."""
-        cursors = self.cursors.read()
-        if cursors is None:
+        position = self._loops_position()
+        if position is None:
             return False
-        position = min(
-            self.stream.tick_of(cursor.epoch, cursor.consumed)
-            for cursor in cursors)
         if self.planner is None:
             self.start(position)
         with self._lock:
@@ -550,6 +556,16 @@ class NodePrefetcher:
         for result in self._processes.poll(self._still_needed):
             self._finished(result)
         return True
+
+    def _loops_position(self) -> Optional[int]:
+        """The tick the slowest rank's loop is at (every read before it is
+        done); None until every rank has published one."""
+        cursors = self.cursors.read()
+        if cursors is None:
+            return None
+        return min(
+            self.stream.tick_of(cursor.epoch, cursor.consumed)
+            for cursor in cursors)
 
     def connections(self) -> list:
         """The download processes' pipes (answers to book when readable)."""
@@ -601,13 +617,15 @@ class NodePrefetcher:
         self._leaving.difference_update(urls)
         if read:
             # Nothing to download for this read: what is left of it is
-            # what the plan keeps.
+            # what the plan keeps. A kept sample whose file has gone
+            # meanwhile is downloaded for its next read, when the plan
+            # decides that one (now, the plan could drop it before).
             self.stats['read_before_planned'] += 1
             self._leaving.update(self._settle(sample))
-            if sample not in self._urls:
-                return None
+            return None
         else:
             self._reads[sample] = self._reads.get(sample, 0) + 1
+            self._last_read[sample] = tick
             heapq.heappush(self._releases, (tick, sample))
             self._settle(sample)
         download = self._download_of(sample, urls)
@@ -730,9 +748,24 @@ class NodePrefetcher:
         """Whether a download is still wanted when it starts: a reader
         ahead of the plan may have downloaded, read and reported the file
         (the plan freed it) while the download waited for a thread or for
-        that reader's download of the same file."""
+        that reader's download of the same file. The loops' position is
+        read afresh: the plan's own lags a round behind, and a reader that
+        read the file may have let it go already."""
+        position = self._loops_position()
+        digest = self._digest(url)
+        # A reader's report of its read, not taken by the plan yet.
+        reported = self.marks.reported(digest)
         with self._lock:
-            if url in self._staged or sample in self.planner.cache:
+            if sample in self._booked_ahead:  # for its first read, ahead
+                return True
+            # The decided reads it is for, none of them behind the loops,
+            # and not all of them read by a reader ahead of the plan
+            # (reported, or taken and not yet matched to the read it was).
+            pending = self._reads.get(sample, 0)
+            passed = position is not None and self._last_read.get(
+                sample, position) < position
+            read = reported or digest in self._read_ahead
+            if pending and not passed and (not read or pending > 1):
                 return True
             self.stats['read_before_download'] += 1
             return False

@@ -1,7 +1,11 @@
 """A file is downloaded once per plan decision, whatever its size hint."""
 import threading
+import time
 
 import numpy as np
+import pytest
+import test_prefetcher as prefetching
+from test_download_processes import REMOTE, SIZE, reads_per_file
 
 import mmdata_plugin  # noqa: F401  (registers the remote backends)
 from mmdata_plugin.cache.node_store import NodeStore
@@ -30,3 +34,59 @@ def test_a_download_that_outgrows_its_hint_waits_for_room(tmp_path):
         assert backend.get(server.url('obj.jpg')) == data
         assert server.stats().requests_per_path['obj.jpg'] == 1
 
+
+
+def _read_racing_a_polling_planner(tmp_path, seed, processes):
+    """The budget-pressure run of test_download_processes with the planner
+    polled on a thread of its own, as the prefetch process polls it, while
+    the reader reads batch after batch (ahead of the plan at the start,
+    just in time later): the server's downloads per file."""
+    objects = prefetching._serve_varying_sizes(80, SIZE, seed)
+    with LoopbackHTTPServer(objects) as server:
+        urls = lambda sample: [server.url(f'{sample}.bin')]  # noqa: E731
+        prefetcher, writer, _, cache_dir, limit = prefetching.build(
+            tmp_path, count=80, limit=12 * SIZE, reserve=6 * SIZE,
+            epochs=2, urls=urls, remote=REMOTE,
+            download_processes=processes)
+        stream, stop = prefetcher.stream, prefetcher.stop
+        done = threading.Event()
+
+        def planner():
+            while not done.is_set():
+                prefetcher.poll()
+                prefetcher.write_victims(cache_dir)
+                time.sleep(0.002)
+
+        backend = NodeCacheBackend(cache_dir, limit, remote=REMOTE)
+        writer.publish(*stream.epoch_of(0))
+        polling = threading.Thread(target=planner, daemon=True)
+        polling.start()
+        try:
+            for tick in range(0, stop, 4):
+                writer.publish(*stream.epoch_of(tick))
+                for sample in stream.ids(tick, min(tick + 4, stop)).tolist():
+                    assert backend.get(urls(sample)[0]) == objects[
+                        f'{sample}.bin']
+            writer.publish(*stream.epoch_of(stop))
+        finally:
+            done.set()
+            polling.join()
+            prefetcher.close()
+        return server.stats().downloads, reads_per_file(prefetcher)
+
+
+@pytest.mark.parametrize('processes', [1, 2])
+def test_readers_racing_the_polling_planner_never_download_twice(
+        tmp_path, processes):
+    # A reader ahead of the plan downloads a file and lets it go; the
+    # plan's download of it for that same read (decided before the read,
+    # started after) or for its next read (then dropped before it) was a
+    # second one. About 1-2 reads a seed cost one before.
+    repeats = {}
+    for seed in range(4):
+        downloads, reads = _read_racing_a_polling_planner(
+            tmp_path / str(seed), seed, processes)
+        repeats.update({(seed, path): count
+                        for path, count in downloads.items()
+                        if count > reads[path]})
+    assert repeats == {}
