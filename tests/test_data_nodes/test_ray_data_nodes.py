@@ -12,6 +12,7 @@ import json
 import os
 import os.path as osp
 import signal
+import time
 
 import pytest
 import torch
@@ -181,3 +182,48 @@ def test_a_version_mismatch_is_named():
 def test_an_unreachable_cluster_is_named(tmp_path):
     with pytest.raises(ConnectionError, match=r"address='127\.0\.0\.1:1'"):
         _train(tmp_path, dict(address='127.0.0.1:1'))
+
+
+class RaiseAt(Hook):
+    """Training raises after iteration ``at``; the data actors' pids are
+    kept in ``pids`` first."""
+    priority = 'VERY_LOW'
+
+    def __init__(self, at: int, pids: list) -> None:
+        self.at, self.pids = at, pids
+
+    def after_train_iter(self, runner, batch_idx, data_batch=None,
+                         outputs=None) -> None:
+        if runner.iter + 1 == self.at:
+            self.pids.extend(node.pid for node in _ray_hook(runner).pool.nodes)
+            raise RuntimeError('the model diverged')
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_the_next_run_closes_the_actors_a_raising_run_left(
+        cluster, local_batches, tmp_path):
+    # mmengine calls no hook when training raises: the first run's actors
+    # live on while its runner is referenced (here by the exception info,
+    # as by a notebook's last traceback).
+    pids = []
+    with pytest.raises(RuntimeError, match='the model diverged') as raised:
+        _train(tmp_path / 'raised', dict(num_actors=2, **ON_DATA_NODES),
+               more_hooks=[RaiseAt(3, pids)])
+    assert len(pids) == 2 and all(map(_alive, pids))
+    runner = _train(tmp_path / 'next', dict(num_actors=1, **ON_DATA_NODES))
+    assert runner.model.seen == local_batches
+    deadline = time.monotonic() + 30
+    while any(map(_alive, pids)):
+        assert time.monotonic() < deadline, 'the raised run\'s actors live'
+        time.sleep(0.1)
+    with open(glob.glob(osp.join(runner.log_dir, '*.log'))[0]) as f:
+        assert 'closing the 2 data actor(s) a run in this process left' in (
+            f.read())
+    del raised

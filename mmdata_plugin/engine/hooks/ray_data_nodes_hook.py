@@ -1,4 +1,5 @@
 """RayDataNodesHook: the train DataLoader's batches made by Ray actors."""
+import weakref
 from typing import List, Optional, Union
 
 import torch
@@ -36,6 +37,13 @@ def _ray_iterator(loader: DataLoader, base: type) -> RayBatchStream:
         wrap=MonitoredBatch if monitored else None,
         local=nodes.local,
         made=nodes.made)
+
+
+#: Hooks between before_train and after_run. mmengine calls no hook when
+#: training raises: a run that raised leaves its actors holding the data
+#: nodes' CPUs (and this process connected) while it is referenced (a
+#: notebook's last traceback); the next run in this process closes them.
+_OPEN_RUNS: 'weakref.WeakSet[RayDataNodesHook]' = weakref.WeakSet()
 
 
 def _ray_loader_class(base: type) -> type:
@@ -269,6 +277,7 @@ class RayDataNodesHook(Hook):
                 "what DataMonitorHook measures: add dict(type='"
                 "DataMonitorHook') to custom_hooks, or give num_actors as "
                 'an int')
+        self._close_runs_that_raised(runner)
         self._connected = connect(self.address)
         start = self.min_actors if self.auto else self.num_actors
         try:
@@ -286,6 +295,7 @@ class RayDataNodesHook(Hook):
                  max_actors=self.max_actors if self.auto else None,
                  max_inflight=self.max_inflight))
         self._install(loader, self._nodes, loop)
+        _OPEN_RUNS.add(self)
         where = ', '.join(f'{n.host} ({n.node_ip})' for n in pool.nodes)
         inflight = self.max_inflight or 'twice as many batches'
         sizing = (f', sized from the measurements within {self.min_actors}'
@@ -342,11 +352,21 @@ class RayDataNodesHook(Hook):
         self._nodes.resizes.append(dict(iteration=runner.iter + 1,
                                         actors=actors))
 
+    def _close_runs_that_raised(self, runner) -> None:
+        for left in list(_OPEN_RUNS):
+            if left is not self:
+                runner.logger.warning(
+                    f'RayDataNodesHook: closing the {left.pool.size} data '
+                    'actor(s) a run in this process left when its training '
+                    'raised.')
+                left.after_run(runner)
+
     def after_run(self, runner) -> None:
         # Not after_train: the data monitor's final report (its after_train
         # runs after this hook's) describes the actors.
         if self._loader is None:
             return
+        _OPEN_RUNS.discard(self)
         self.pool.close()
         if self._nodes.local is not None:
             self._nodes.local.close()
