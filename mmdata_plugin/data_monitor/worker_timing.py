@@ -477,11 +477,12 @@ class TimedFetch:
         return _fetch(self, 1, self._fetch_one, index)
 
     def _fetch_batch(self, indices):
-        getitems = getattr(self.base, '__getitems__', None)
+        dataset, base = self.dataset, self.base
+        getitems = getattr(base, '__getitems__', None)
         if getitems is not None:
-            return getitems(self.dataset, indices)
-        getitem = self.base.__getitem__
-        return [getitem(self.dataset, index) for index in indices]
+            return getitems(dataset, indices)
+        getitem = base.__getitem__
+        return [getitem(dataset, index) for index in indices]
 
     def _fetch_one(self, index):
         return self.base.__getitem__(self.dataset, index)
