@@ -16,8 +16,8 @@ from mmengine.logging import print_log
 from torch.utils.data import DataLoader, IterableDataset
 
 from . import probes
-from .worker_timing import (ACCUMULATOR, TimedCollate, TimedTransform,
-                            TimingPlan, timed_dataset_class)
+from .worker_timing import (ACCUMULATOR, TimedCollate, TimedFetch,
+                            TimedTransform, TimingPlan, timed_dataset_class)
 
 # Instrumentations that may have probes installed in this process (when the
 # loader has no workers, the main process loads the data).
@@ -28,6 +28,14 @@ def _release_probes(user: 'LoaderInstrumentation') -> None:
     _probe_users.remove(user)
     if not _probe_users:
         probes.uninstall()
+
+
+def _warn_untimed_fetches(base: type, error: Exception) -> None:
+    print_log(
+        f'DataMonitor cannot time whole fetches of {base.__name__} '
+        f'({error}); pipeline stages are still timed.',
+        logger='current',
+        level=logging.WARNING)
 
 
 def _is_dataset(obj) -> bool:
@@ -133,34 +141,38 @@ class LoaderInstrumentation:
             self._undo.pop()()
 
     def _time_fetches(self, dataset) -> None:
-        """Switch the dataset to its timed class; it carries the plan.
+        """Give the dataset a :class:`TimedFetch` as its ``__getitems__``
+        (an instance attribute: its class and attribute storage stay as
+        they are); a loader without automatic batching also needs the
+        timed class (``dataset[i]`` is looked up on the class).
 
-        Without the switch (an iterable dataset, a ``__slots__`` layout)
-        nothing sees batch boundaries before the collate: every batch is
-        timed.
+        Without them (an iterable dataset, a ``__slots__`` layout) nothing
+        sees batch boundaries before the collate: every batch is timed.
         """
         if isinstance(dataset, IterableDataset):
             return  # no per-index fetch; transforms and collate are timed
         base = type(dataset)
+        fetch = TimedFetch(dataset, base, self.plan, self.split_io_decode)
         try:
             # object.__setattr__: wrappers may forward attribute writes to
             # the dataset they wrap.
-            object.__setattr__(dataset, '__class__',
-                               timed_dataset_class(base, self.split_io_decode))
-        except TypeError as error:  # e.g. a __slots__ layout
-            print_log(
-                f'DataMonitor cannot time whole fetches of {base.__name__} '
-                f'({error}); pipeline stages are still timed.',
-                logger='current',
-                level=logging.WARNING)
+            object.__setattr__(dataset, '__getitems__', fetch)
+        except AttributeError as error:  # e.g. a __slots__ layout
+            _warn_untimed_fetches(base, error)
+            return
+        self._undo.append(
+            partial(object.__delattr__, dataset, '__getitems__'))
+        # Registered where the first timed fetch runs (a worker, or here).
+        self._undo.append(partial(ACCUMULATOR.unregister, self.plan))
+        if self.dataloader.batch_sampler is not None:
+            return
+        try:
+            object.__setattr__(dataset, '__class__', timed_dataset_class(base))
+        except TypeError as error:
+            _warn_untimed_fetches(base, error)
             return
         self._undo.append(
             partial(object.__setattr__, dataset, '__class__', base))
-        plan = self.plan
-        object.__setattr__(dataset, '_dm_plan', plan)
-        self._undo.append(partial(object.__delattr__, dataset, '_dm_plan'))
-        # Registered where the first timed fetch runs (a worker, or here).
-        self._undo.append(partial(ACCUMULATOR.unregister, plan))
 
     def _wrap_list(self, items: list, prefix: str, pipeline: int,
                    top: bool) -> List[str]:

@@ -483,8 +483,8 @@ class StatsBook:
             # of step time its main thread spent on it, inside compute.
             trainer=trainer,
             trainer_share=1e-3 * main_thread * steps / span if span else 0.0,
-            # Samples are counted by the timed dataset fetch: None where
-            # the dataset could not be switched to its timed class.
+            # Samples are counted by the dataset's timed fetch: None where
+            # the dataset could not be given one.
             throughput=dict(
                 batches_per_s=self.wait.seen / span if span else 0.0,
                 samples_per_s=(self.samples /

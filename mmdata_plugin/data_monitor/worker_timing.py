@@ -20,7 +20,7 @@ only every K-th batch of a process is timed in stages (a *timed* batch), the
 others run the original, unwrapped transforms (a :class:`TimingPlan` swaps
 the pipeline lists at batch boundaries) and record only what is exact for
 every batch: its start, end, CPU time and samples, taken once per batch
-(the timed dataset's ``__getitems__``, the collate), so an untimed batch
+(the dataset's :class:`TimedFetch`, the collate), so an untimed batch
 costs nothing per sample. K is chosen after each timed batch from its CPU
 time, samples and how many regions it timed (:func:`sampling_interval`), so
 that timing costs, amortised, at most :data:`TARGET_OVERHEAD` of the
@@ -73,7 +73,7 @@ MAX_EVERY = 512
 class TimingPlan:
     """The pipeline lists of one instrumented dataset, timed and plain.
 
-    Held by the (class-switched) dataset, so that it travels to spawn
+    Held by the dataset's :class:`TimedFetch`, so that it travels to spawn
     workers with it; registered with the accumulator of each process that
     fetches from the dataset, which calls :meth:`apply` at batch
     boundaries. At rest the lists hold the timed transforms.
@@ -435,68 +435,60 @@ class TimedCollate:
         return MonitoredBatch(batch, ACCUMULATOR.take_record(start, end))
 
 
-_TIMED_DATASET_CLASSES: Dict[tuple, type] = {}
+class TimedFetch:
+    """A dataset's batch fetch as the monitor runs it: counted, its clocks
+    started, timed as stage ``fetch`` when the batch is sampled.
 
-
-def timed_dataset_class(base: type, split_io_decode: bool) -> type:
-    """A subclass of ``base`` whose fetches are timed as stage ``fetch``.
-
-    ``DataLoader.dataset`` cannot be replaced after the loader is built and
-    ``dataset[i]`` looks ``__getitem__`` up on the class, so the monitor
-    switches the dataset instance to this subclass (and back). It keeps the
-    base's name, and pickles as "rebuild the base, switch the class", so
-    spawn workers get a timed dataset too.
-
-    The subclass always has a ``__getitems__``: torch's fetcher then hands
-    it a whole batch of indices, so the per-batch bookkeeping runs once per
-    batch and an untimed batch costs nothing per sample. Without a base
-    ``__getitems__`` it fetches each index with the base's ``__getitem__``,
-    which is what the fetcher would have done.
+    It is set as the dataset *instance*'s ``__getitems__``, which torch's
+    fetcher looks up on the instance and calls once per batch, so an
+    untimed batch costs nothing per sample. The dataset keeps its class and
+    the way its attributes are stored: CPython (3.11+) keeps an instance's
+    attributes inline, and its specialised ``self.attr`` reads need them
+    there; switching the instance's class, or reading its ``__dict__``,
+    moves them into a dict for good, and every attribute read of the
+    dataset's own code (``BaseDataset.__getitem__``, ``prepare_data``, ...)
+    then takes the interpreter's generic path, sample after sample
+    (measured: docs/data_monitor.md, Overhead). Picklable: it travels with
+    the dataset to spawn workers.
 
     Args:
-        base (type): The dataset's class.
-        split_io_decode (bool): Install the IO/decode probes in the process
-            before its first fetch.
+        dataset: The dataset it fetches from.
+        base (type): The dataset's own class: its ``__getitems__`` when it
+            has one, else its ``__getitem__`` per index.
+        plan (TimingPlan): The dataset's timing plan, registered with the
+            accumulator of the process at its first fetch there.
+        probes (bool): Install the IO/decode probes in the process before a
+            timed fetch.
     """
-    cls = _TIMED_DATASET_CLASSES.get((base, split_io_decode))
-    if cls is None:
-        fetch_batch = (
-            _base_getitems
-            if getattr(base, '__getitems__', None) else _base_getitem_each)
-        cls = type(
-            base.__name__, (base, ),
-            dict(
-                __getitem__=_timed_getitem,
-                __getitems__=_timed_getitems,
-                __reduce_ex__=_reduce_timed_dataset,
-                __module__=base.__module__,
-                __qualname__=base.__qualname__,
-                _dm_base=base,
-                _dm_fetch_batch=staticmethod(fetch_batch),
-                _dm_probes=split_io_decode))
-        _TIMED_DATASET_CLASSES[(base, split_io_decode)] = cls
-    return cls
+
+    def __init__(self, dataset, base: type, plan: TimingPlan,
+                 probes: bool) -> None:
+        self.dataset = dataset
+        self.base = base
+        self.plan = plan
+        self.probes = probes
+
+    def __call__(self, indices):
+        return _fetch(self, len(indices), self._fetch_batch, indices)
+
+    def one(self, index):
+        """One sample: a loader without automatic batching indexes the
+        dataset itself (see :func:`timed_dataset_class`)."""
+        return _fetch(self, 1, self._fetch_one, index)
+
+    def _fetch_batch(self, indices):
+        dataset, base = self.dataset, self.base
+        getitems = getattr(base, '__getitems__', None)
+        if getitems is not None:
+            return getitems(dataset, indices)
+        getitem = base.__getitem__
+        return [getitem(dataset, index) for index in indices]
+
+    def _fetch_one(self, index):
+        return self.base.__getitem__(self.dataset, index)
 
 
-def _timed_getitem(self, index):
-    # One sample: a loader without automatic batching, or a direct call.
-    return _fetch(self, 1, self._dm_base.__getitem__, index)
-
-
-def _timed_getitems(self, indices):
-    return _fetch(self, len(indices), self._dm_fetch_batch, indices)
-
-
-def _base_getitems(dataset, indices):
-    return dataset._dm_base.__getitems__(dataset, indices)
-
-
-def _base_getitem_each(dataset, indices):
-    getitem = dataset._dm_base.__getitem__
-    return [getitem(dataset, index) for index in indices]
-
-
-def _fetch(dataset, samples: int, fetch: Callable, arg):
+def _fetch(fetcher: TimedFetch, samples: int, fetch: Callable, arg):
     """Count the samples, start the batch's clocks, time it if sampled.
 
     The dataset's plan is registered at its first fetch in this process,
@@ -504,29 +496,62 @@ def _fetch(dataset, samples: int, fetch: Callable, arg):
     been left by another monitor, and only registering restarts it.
     """
     acc = ACCUMULATOR
-    plan = dataset.__dict__.get('_dm_plan')
-    if plan is not None and plan not in acc.plans:
+    plan = fetcher.plan
+    if plan not in acc.plans:
         acc.register(plan)
     if acc.t_first is None:
         acc.start_batch()
     acc.samples += samples
     if not acc.timing:
-        return fetch(dataset, arg)
-    if dataset._dm_probes:
+        return fetch(arg)
+    if fetcher.probes:
         probes.ensure_installed(timed_call, inside_timed_region)
-    return timed_call(FETCH, fetch, dataset, arg)
+    return timed_call(FETCH, fetch, arg)
+
+
+_TIMED_DATASET_CLASSES: Dict[type, type] = {}
+
+
+def timed_dataset_class(base: type) -> type:
+    """A subclass of ``base`` whose ``dataset[i]`` is a :class:`TimedFetch`
+    of one sample, for loaders without automatic batching only.
+
+    Such a loader indexes the dataset itself, and Python looks
+    ``__getitem__`` up on the class, so the monitor switches the instance
+    to this subclass (and back). That costs the dataset's attribute reads
+    their fast path (see :class:`TimedFetch`), but there every sample is a
+    batch anyway. It keeps the base's name, and pickles as "rebuild the
+    base, switch the class", so spawn workers get it too.
+
+    Args:
+        base (type): The dataset's class.
+    """
+    cls = _TIMED_DATASET_CLASSES.get(base)
+    if cls is None:
+        cls = type(
+            base.__name__, (base, ),
+            dict(
+                __getitem__=_timed_getitem,
+                __reduce_ex__=_reduce_timed_dataset,
+                __module__=base.__module__,
+                __qualname__=base.__qualname__,
+                _dm_base=base))
+        _TIMED_DATASET_CLASSES[base] = cls
+    return cls
+
+
+def _timed_getitem(self, index):
+    return self.__getitems__.one(index)
 
 
 def _reduce_timed_dataset(self, protocol):
-    timed = type(self)
-    rebuild, args, *rest = timed._dm_base.__reduce_ex__(self, protocol)
-    args = tuple(timed._dm_base if arg is timed else arg for arg in args)
-    return (_rebuild_timed_dataset, (rebuild, args, timed._dm_probes), *rest)
+    base = type(self)._dm_base
+    rebuild, args, *rest = base.__reduce_ex__(self, protocol)
+    args = tuple(base if arg is type(self) else arg for arg in args)
+    return (_rebuild_timed_dataset, (rebuild, args), *rest)
 
 
-def _rebuild_timed_dataset(rebuild: Callable, args: tuple,
-                           split_io_decode: bool):
+def _rebuild_timed_dataset(rebuild: Callable, args: tuple):
     obj = rebuild(*args)
-    object.__setattr__(obj, '__class__',
-                       timed_dataset_class(type(obj), split_io_decode))
+    object.__setattr__(obj, '__class__', timed_dataset_class(type(obj)))
     return obj
