@@ -21,6 +21,7 @@ from monitor_helpers import (SleepyCollate, SleepyDataset,  # noqa: E402
                              sleepy_pipeline, train)
 from ray_runs import CHECKPOINT_EVERY_4, ON_DATA_NODES  # noqa: E402
 from ray_runs import ray_hook_of  # noqa: E402
+from test_ray_sizing import _Monitor  # noqa: E402
 
 from mmdata_plugin.data_monitor import (build_report,  # noqa: E402
                                         format_report)
@@ -230,14 +231,3 @@ def test_the_report_and_the_sizing_count_the_local_workers():
             timed=False), 1.0, 1.0)
     # Waiting, ceil(40 / 10) = 4 producers needed, 2 of them local.
     assert sizing.wanted(1)[0] == 2
-
-
-class _Monitor:
-    """What the sizing reads of a DataLoaderMonitor."""
-
-    def __init__(self) -> None:
-        self.total = StatsBook()
-
-    @property
-    def counted_steps(self) -> int:
-        return self.total.wait.seen
