@@ -265,19 +265,22 @@ def _worker_advice(rank: dict, context: dict, needed: Optional[int],
             f'{keep_up} up.')
 
 
-def _actors_needed(needed: Optional[int], nodes: dict) -> Optional[int]:
-    """The actors of ``needed`` producers: local workers making a share
-    (``RayDataNodesHook(local_workers=True)``) are among them."""
+def actors_needed(needed: Optional[int],
+                  local_workers: int) -> Optional[int]:
+    """The Ray data actors among ``needed`` producers (of
+    :func:`workers_needed`): ``local_workers`` making a share
+    (``RayDataNodesHook(local_workers=True)``) are the others; at least
+    one."""
     if needed is None:
         return None
-    return max(needed - nodes.get('local_workers', 0), 1)
+    return max(needed - local_workers, 1)
 
 
 def _actor_advice(rank: dict, nodes: dict, needed: Optional[int],
                   level: str) -> Optional[str]:
     """The Ray data actors that keep up: sized by ``num_actors='auto'``
     or to set (``nodes`` is the context's ``data_nodes``)."""
-    needed = _actors_needed(needed, nodes)
+    needed = actors_needed(needed, nodes.get('local_workers', 0))
     if needed is None:
         return None
     actors = nodes['actors']
@@ -471,7 +474,8 @@ def judge(ranks: List[dict], context: dict) -> dict:
         bottleneck_stderr=bottleneck_stderr,
         workers_needed=None if nodes else needed,
         num_workers=workers,
-        **(dict(actors_needed=_actors_needed(needed, nodes),
+        **(dict(actors_needed=actors_needed(
+                    needed, nodes.get('local_workers', 0)),
                 num_actors=nodes['actors'])
            if nodes else {}),
         summary=summary,

@@ -7,7 +7,8 @@ from mmengine.hooks import Hook
 from mmengine.registry import HOOKS
 from torch.utils.data import DataLoader
 
-from ...data_monitor.verdict import MODERATE, workers_needed
+from ...data_monitor.verdict import (MODERATE, actors_needed,
+                                     workers_needed)
 from ...data_monitor.worker_timing import MonitoredBatch
 from ...data_nodes import (ActorPool, LocalShare, RayBatchStream, connect,
                            import_ray)
@@ -123,10 +124,10 @@ class _AutoSize:
         if not batches or not computes:
             return None
         production, step = 1e3 * production / batches, 1e3 * compute / computes
-        needed = workers_needed(production, step)
+        needed = actors_needed(workers_needed(production, step),
+                               self.local_workers)
         if needed is None:
             return None
-        needed = max(needed - self.local_workers, 1)
         share = 1e3 * waited / (1e3 * waited + step * steps)
         if share >= MODERATE and needed > actors:
             wanted = min(needed, self.high)
