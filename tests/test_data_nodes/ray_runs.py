@@ -32,6 +32,15 @@ def train_probed(work_dir, ray_hook=None, **kwargs):
                  default_hooks=CHECKPOINT_EVERY_4, **kwargs)
 
 
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` (an actor's, a worker's) still exists."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 def ray_hook_of(runner) -> RayDataNodesHook:
     return next(h for h in runner.hooks if isinstance(h, RayDataNodesHook))
 

@@ -23,6 +23,7 @@ pytest.importorskip(
 
 from mmengine.hooks import Hook  # noqa: E402
 from monitor_helpers import train  # noqa: E402
+from ray_runs import alive  # noqa: E402
 
 from mmdata_plugin.data_nodes import NodeReport, check_node  # noqa: E402
 from mmdata_plugin.engine import RayDataNodesHook  # noqa: E402
@@ -199,14 +200,6 @@ class RaiseAt(Hook):
             raise RuntimeError('the model diverged')
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 def test_the_next_run_closes_the_actors_a_raising_run_left(
         cluster, local_batches, tmp_path):
     # mmengine calls no hook when training raises: the first run's actors
@@ -216,11 +209,11 @@ def test_the_next_run_closes_the_actors_a_raising_run_left(
     with pytest.raises(RuntimeError, match='the model diverged') as raised:
         _train(tmp_path / 'raised', dict(num_actors=2, **ON_DATA_NODES),
                more_hooks=[RaiseAt(3, pids)])
-    assert len(pids) == 2 and all(map(_alive, pids))
+    assert len(pids) == 2 and all(map(alive, pids))
     runner = _train(tmp_path / 'next', dict(num_actors=1, **ON_DATA_NODES))
     assert runner.model.seen == local_batches
     deadline = time.monotonic() + 30
-    while any(map(_alive, pids)):
+    while any(map(alive, pids)):
         assert time.monotonic() < deadline, 'the raised run\'s actors live'
         time.sleep(0.1)
     with open(glob.glob(osp.join(runner.log_dir, '*.log'))[0]) as f:

@@ -20,7 +20,7 @@ pytest.importorskip(
 from monitor_helpers import (SleepyCollate, SleepyDataset,  # noqa: E402
                              sleepy_pipeline, train)
 from ray_runs import CHECKPOINT_EVERY_4, ON_DATA_NODES  # noqa: E402
-from ray_runs import ray_hook_of  # noqa: E402
+from ray_runs import alive, ray_hook_of  # noqa: E402
 from test_ray_sizing import _Monitor  # noqa: E402
 
 from mmdata_plugin.data_monitor import (build_report,  # noqa: E402
@@ -45,10 +45,6 @@ def _train_epochs(work_dir, hooks=(), **kwargs):
     return train(work_dir, monitor=False, loop='epoch', train_cfg=EPOCHS,
                  dataset=dataset, custom_hooks=list(hooks),
                  default_hooks=CHECKPOINT_EVERY_4, **kwargs)
-
-
-def _alive(pid: int) -> bool:
-    return osp.exists(f'/proc/{pid}')
 
 
 def test_local_workers_and_actors_give_the_local_stream_and_resume(
@@ -79,7 +75,7 @@ def test_local_workers_and_actors_give_the_local_stream_and_resume(
     assert 'Per worker (rank 0' in text and 'Per data actor' in text
     assert osp.getsize(osp.join(runner.log_dir, 'data_monitor.png')) > 0
     # after_run stopped the persistent local workers.
-    assert not any(map(_alive, local_pids))
+    assert not any(map(alive, local_pids))
 
     # Iteration 4 is mid-epoch 0; resumed with workers that are not
     # persistent (each epoch's end stops them), and block_collate's blocks
@@ -143,7 +139,7 @@ def test_an_actor_dies_while_local_batches_are_outstanding(
         got += list(stream)
         # The pool reports the replacement, not the dead actor.
         now = pool.nodes[0].pid
-        assert now != killed and _alive(now)
+        assert now != killed and alive(now)
     finally:
         pool.close()
         local.close()
@@ -155,7 +151,7 @@ def test_an_actor_dies_while_local_batches_are_outstanding(
     # The workers ran the loader's worker_init_fn, and the end of the pass
     # stopped them (they are not persistent).
     pids = [int(name) for name in os.listdir(tmp_path)]
-    assert len(pids) == 2 and not any(map(_alive, pids))
+    assert len(pids) == 2 and not any(map(alive, pids))
 
 
 def test_actors_that_died_together_are_replaced_together(cluster):
