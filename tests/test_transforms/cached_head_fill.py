@@ -69,6 +69,14 @@ def run_rank(cache_dir, out_path, paths, kill_on_write=None):
     loader = DataLoader(Images(cache_dir, paths), batch_size=None,
                         num_workers=2, shuffle=True,
                         multiprocessing_context='fork')
-    out = {int(index): value for index, value in loader}
+    batches = iter(loader)
+    try:
+        out = {int(index): value for index, value in batches}
+    finally:
+        # Stopped here, the other worker ends after the sample it is on
+        # (torch's shutdown). Left to the exit of this process, it would be
+        # terminated at any point, between publishing an entry and
+        # counting it too.
+        batches._shutdown_workers()
     with open(out_path, 'w') as file:
         json.dump(out, file)
