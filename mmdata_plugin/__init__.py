@@ -6,14 +6,13 @@ scoped registries of mmdet/mmpretrain find them by ``type=``) and routes
 checkpoint loading through the safe loader of
 :mod:`mmdata_plugin.utils.checkpoint_safety`.
 """
-try:
-    import mmcv  # noqa: F401
-except ImportError as error:  # pragma: no cover - depends on the install
-    raise ImportError(
-        'mmdata_plugin needs the `mmcv` module. Install `mmcv-lite` (no '
-        'compiled ops) or keep your full `mmcv`: `pip install mmcv-lite`.'
-    ) from error
+from .supported_stack import check_stack
 
+# Before anything imports torch, mmengine or mmcv: an unsupported stack gets
+# one message naming what is installed, not an error deep in a submodule.
+check_stack()
+
+# isort: split
 from . import (data_nodes, datasets, engine, evaluation,  # noqa: F401
                handover, models, remote, remote_cache, sample_order,
                transforms)
