@@ -7,11 +7,7 @@ from packaging.requirements import Requirement
 
 from helpers import REPO_ROOT
 
-# Distributions that install the `cv2` module, all into one folder.
-CV2_DISTRIBUTIONS = {
-    'opencv-python', 'opencv-python-headless', 'opencv-contrib-python',
-    'opencv-contrib-python-headless'
-}
+from mmdata_plugin.supported_stack import MMCV, MMENGINE, MODULE_DISTRIBUTIONS
 
 
 def _read_requirements(name):
@@ -22,29 +18,35 @@ def _read_requirements(name):
     return setup.read_requirements(name)
 
 
-def _cv2_names(requirements):
-    names = set()
-    for text in requirements:
-        requirement = Requirement(text)
-        if requirement.marker is None or requirement.marker.evaluate(
-                dict(extra='')):
-            names.add(requirement.name.lower())
-    return names & CV2_DISTRIBUTIONS
+def test_an_install_names_no_distribution_of_the_users_stack():
+    # torch, mmengine (or onedl-mmengine), mmcv (-lite, onedl-) and cv2
+    # (opencv-python or -headless) are the user's: naming one here installs
+    # it over the user's other distribution of the same module.
+    stack = {
+        name
+        for names in MODULE_DISTRIBUTIONS.values() for name in names
+        if name != 'numpy'
+    }
+    runtime = {
+        Requirement(text).name.lower()
+        for text in _read_requirements('runtime.txt')
+    }
+    assert runtime, 'requirements/runtime.txt is empty'
+    assert not runtime & stack, runtime & stack
 
 
-def test_cv2_comes_from_the_distribution_the_openmmlab_stack_requires():
-    # Asking for another one (opencv-python-headless next to mmengine's
-    # opencv-python) installs two copies of cv2 into one folder.
-    stack = set()
-    for dist in ('mmengine', 'mmcv-lite', 'mmcv'):
-        try:
-            stack |= _cv2_names(importlib.metadata.requires(dist) or [])
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    ours = _cv2_names(_read_requirements('runtime.txt'))
-    assert stack, 'mmengine/mmcv no longer name a cv2 distribution'
-    assert ours == stack, (f'requirements/runtime.txt asks for {ours}, the '
-                           f'OpenMMLab stack for {stack}')
+def test_mim_install_asks_for_the_ranges_the_import_accepts():
+    wanted = {
+        Requirement(text).name: Requirement(text).specifier
+        for text in _read_requirements('mminstall.txt')
+    }
+    for name, allowed in (('mmengine', MMENGINE), ('mmcv', MMCV)):
+        low, high = ('.'.join(map(str, bound))
+                     for bound in (allowed.low, allowed.high))
+        assert wanted[name].contains(low), (name, low)
+        assert not wanted[name].contains(high), (name, high)
+        assert wanted[name].contains('.'.join(
+            map(str, allowed.newest_tested))), name
 
 
 def test_mim_extra_pins_the_openxlab_that_resolves():

@@ -1,57 +1,181 @@
-# Install mmdata_plugin and what it needs into the current Python, safely.
+# Install mmdata_plugin and what it needs into the current Python, changing
+# nothing that is there.
+#
+# Used by the README's two commands (via the Makefile) and by the
+# compatibility matrix (tools/compat_matrix.py). It follows the OpenMMLab
+# convention (mmdet, mmpretrain): torch, mmengine, mmcv and cv2 come from
+# the user's stack; what is missing is installed, what is present is kept:
+#
+# * torch==2.13.0 only when no torch is importable (an unpinned torch pulls
+#   gigabytes of CUDA packages; here pip takes the local CPU build);
+# * mmengine (0.10.x) only when no `mmengine` module exists, so OneDL's
+#   `onedl-mmengine` (the same module) is never installed over;
+# * mmcv-lite only when no `mmcv` module exists, with its requirements
+#   except those whose module is present (its `mmengine` requirement names
+#   the OpenMMLab distribution, which would go over onedl-mmengine);
+# * opencv-python only when no `cv2` module exists.
+#
+# Every pip call runs under a constraints file pinning the versions of the
+# stack's present distributions (torch, numpy, the mm* packages, cv2, the
+# CUDA libraries), so pip picks releases that fit them (an opencv-python
+# built for numpy 1 under a torch built for numpy 1) instead of upgrading
+# them; afterwards those versions are compared, and any change is an error.
 #
 # The package is installed as a regular (non-editable) install: `mim train`
-# looks for tools/ and configs/ in <site-packages>/mmdata_plugin/.mim, which
-# an editable install does not have. Developers who prefer `pip install -e .`
-# run `python tools/train.py` directly.
-#
-# Used by the README's two commands (via the Makefile). It never lets pip
-# choose a torch build: an unpinned torch pulls gigabytes of CUDA packages,
-# so torch==2.13.0 is installed only when no usable torch is present. It
-# installs mmcv-lite only when no `mmcv` module exists, so a user's full mmcv
-# (with compiled ops) is never replaced. Where pkg_resources is missing
-# (setuptools >= 81) it says what configs/downstream/ need.
+# looks for tools/ and configs/ in <site-packages>/mmdata_plugin/.mim,
+# which an editable install does not have.
 import argparse
+import importlib
 import importlib.metadata
 import importlib.util
+import os
 import os.path as osp
+import re
 import subprocess
 import sys
+import tempfile
 
 TORCH_PIN = 'torch==2.13.0'
-MIN_TORCH = (2, 0)
+MMENGINE_REQUIREMENT = 'mmengine>=0.10.3,<0.11'
 MMCV_LITE_PIN = 'mmcv-lite==2.2.0'
+CV2_DISTRIBUTION = 'opencv-python'
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+# Distributions besides those of supported_stack.MODULE_DISTRIBUTIONS
+# whose version an install must never change: they are built for one torch.
+PINNED_ALSO = ('torchvision', 'torchaudio', 'triton', 'mmdet',
+               'onedl-mmdetection', 'mmpretrain', 'onedl-mmpretrain',
+               'mmsegmentation', 'onedl-mmsegmentation')
 
 
-def pip_install(*args):
-    cmd = [sys.executable, '-m', 'pip', 'install', *args]
+def load_supported_stack():
+    """mmdata_plugin/supported_stack.py, without importing the package
+    (whose import checks the very stack this script completes)."""
+    spec = importlib.util.spec_from_file_location(
+        'mmdata_plugin_supported_stack',
+        osp.join(ROOT, 'mmdata_plugin', 'supported_stack.py'))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+STACK = load_supported_stack()
+
+
+def canonical(name: str) -> str:
+    return re.sub(r'[-_.]+', '-', name).lower()
+
+
+def present_distributions() -> dict:
+    """``{canonical name: version}`` of this Python's distributions."""
+    importlib.invalidate_caches()
+    return {
+        canonical(dist.metadata['Name']): dist.version
+        for dist in importlib.metadata.distributions()
+        if dist.metadata['Name']
+    }
+
+
+def protected(name: str) -> bool:
+    stack_names = {
+        canonical(dist)
+        for dists in STACK.MODULE_DISTRIBUTIONS.values() for dist in dists
+    }
+    return (name in stack_names or name in PINNED_ALSO
+            or name.startswith('nvidia-'))
+
+
+def has_module(name: str) -> bool:
+    importlib.invalidate_caches()
+    return importlib.util.find_spec(name) is not None
+
+
+def write_constraints(present: dict, folder: str) -> str:
+    path = osp.join(folder, 'present-stack.txt')
+    with open(path, 'w') as f:
+        for name, version in sorted(present.items()):
+            if protected(name):
+                f.write(f'{name}=={version}\n')
+    return path
+
+
+def pip_install(constraints: str, *args) -> None:
+    cmd = [sys.executable, '-m', 'pip', 'install', '-c', constraints, *args]
     print('+', ' '.join(cmd), flush=True)
     subprocess.check_call(cmd)
 
 
-def installed_torch_version():
-    try:
-        version = importlib.metadata.version('torch')
-    except importlib.metadata.PackageNotFoundError:
-        return None
-    parts = version.split('+')[0].split('.')
-    return tuple(int(p) for p in parts[:2] if p.isdigit())
+def refuse_present_unsupported() -> None:
+    """Stop before installing anything when a present release is outside
+    the supported range: replacing it is the user's decision."""
+    wrong = [
+        problem for problem in STACK.stack_problems()
+        if ' is installed' in problem and 'not installed' not in problem
+    ]
+    if wrong:
+        sys.exit('bootstrap: nothing installed; this stack has releases '
+                 'mmdata_plugin does not support:\n  - ' +
+                 '\n  - '.join(wrong))
 
 
-def ensure_torch():
-    version = installed_torch_version()
-    if version is not None and version >= MIN_TORCH:
-        print(f'torch {".".join(map(str, version))} is present; keeping it')
-        return
-    pip_install(TORCH_PIN)
+def requirements_of(distribution: str) -> list:
+    """``distribution``'s unconditional requirements, less those whose
+    module is already importable (another distribution may ship it)."""
+    importlib.invalidate_caches()
+    kept = []
+    for text in importlib.metadata.requires(distribution) or []:
+        if 'extra ==' in text.replace('"', ' ').replace("'", ' ') or (
+                'extra==' in text):
+            continue
+        name = canonical(re.match(r'[A-Za-z0-9._-]+', text).group(0))
+        ships = [
+            module for module, dists in STACK.MODULE_DISTRIBUTIONS.items()
+            if name in {canonical(dist) for dist in dists}
+        ]
+        if ships and has_module(ships[0]):
+            print(f'{distribution} asks for {text}; a {ships[0]} module is '
+                  'present: keeping it')
+            continue
+        kept.append(text)
+    return kept
 
 
-def ensure_mmcv():
-    if importlib.util.find_spec('mmcv') is not None:
+def ensure_stack(constraints: str) -> None:
+    if has_module('torch'):
+        print('a torch module is present; keeping it')
+    else:
+        pip_install(constraints, TORCH_PIN)
+    if has_module('mmengine'):
+        print('an mmengine module is present; keeping it')
+    else:
+        pip_install(constraints, MMENGINE_REQUIREMENT)
+    if has_module('mmcv'):
         print('an mmcv module is present; keeping it')
-        return
-    pip_install(MMCV_LITE_PIN)
+    else:
+        pip_install(constraints, '--no-deps', MMCV_LITE_PIN)
+        missing = requirements_of('mmcv-lite')
+        if missing:
+            pip_install(constraints, *missing)
+    if has_module('cv2'):
+        print('a cv2 module is present; keeping it')
+    else:
+        pip_install(constraints, CV2_DISTRIBUTION)
+
+
+def changed(before: dict, after: dict) -> list:
+    """Protected distributions whose version changed or that went away,
+    and distributions added for a module that was already present."""
+    problems = [
+        f'{name} {version} -> {after.get(name, "removed")}'
+        for name, version in sorted(before.items())
+        if protected(name) and after.get(name) != version
+    ]
+    for module, dists in STACK.MODULE_DISTRIBUTIONS.items():
+        names = {canonical(dist) for dist in dists}
+        had, has = names & set(before), names & set(after)
+        if had and has - had:
+            problems.append(f'{", ".join(sorted(has - had))} installed '
+                            f'beside {", ".join(sorted(had))} ({module})')
+    return problems
 
 
 def pkg_resources_note():
@@ -65,16 +189,30 @@ def pkg_resources_note():
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(
+        description='Install mmdata_plugin into this Python, adding only '
+        'what is missing')
     parser.add_argument(
         '--extras',
         default='',
         help='comma-separated extras of the package, e.g. tests,mim')
     args = parser.parse_args()
-    ensure_torch()
-    ensure_mmcv()
-    target = ROOT + (f'[{args.extras}]' if args.extras else '')
-    pip_install(target)
+    refuse_present_unsupported()
+    before = present_distributions()
+    with tempfile.TemporaryDirectory() as folder:
+        constraints = write_constraints(before, folder)
+        ensure_stack(constraints)
+        target = ROOT + (f'[{args.extras}]' if args.extras else '')
+        pip_install(constraints, target)
+    problems = changed(before, present_distributions())
+    if problems:
+        sys.exit('bootstrap: the install changed the stack it must keep:\n'
+                 '  - ' + '\n  - '.join(problems))
+    # Run from the repository root, `import mmdata_plugin` finds the
+    # checkout; elsewhere the installed copy. Either way the stack is whole.
+    os.chdir(ROOT)
+    sys.path.insert(0, ROOT)
+    import mmdata_plugin  # noqa: F401  (its import checks the stack)
     note = pkg_resources_note()
     if note:
         print(note)
