@@ -22,6 +22,7 @@ import shutil
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Dict, List, NamedTuple, Optional
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
@@ -192,6 +193,12 @@ def main():
         default=osp.join(ROOT, 'work_dirs', 'compat'),
         help='virtualenvs and logs (made anew each run)')
     parser.add_argument(
+        '--jobs',
+        type=int,
+        default=len(STACKS),
+        help='stacks checked at once (their downloads and installs wait on '
+        'the network and the disk, and overlap)')
+    parser.add_argument(
         'pytest_args', nargs='*', help='more pytest arguments, after --')
     args = parser.parse_args()
     wanted = args.stacks.split(',')
@@ -200,10 +207,12 @@ def main():
         parser.error(f'--stacks: unknown {sorted(unknown)}')
     os.makedirs(args.work_dir, exist_ok=True)
     wheel = build_wheel(args.work_dir)
-    results = [
-        check_stack(stack, args.work_dir, wheel, args.pytest_args)
-        for stack in STACKS if stack.name in wanted
-    ]
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        results = list(
+            pool.map(
+                lambda stack: check_stack(stack, args.work_dir, wheel,
+                                          args.pytest_args),
+                [stack for stack in STACKS if stack.name in wanted]))
     print_table(results)
     if any(r.outcome.startswith('FAILED') or ' failed' in r.outcome
            for r in results):
