@@ -186,3 +186,32 @@ def test_inputs_that_are_not_images_stay_a_list(shape):
     assert type(collated['inputs']) is list
     preprocessor = ImgDataPreprocessor(pad_size_divisor=16)
     assert_same(preprocessor(collated), preprocessor(pseudo_collate(samples)))
+
+
+class _MixedDtypes(torch.utils.data.Dataset):
+    """Equal-shape (C, H, W) images, uint8 and float32 in turn (a pipeline
+    that normalises some samples only)."""
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, index):
+        dtype = torch.float32 if index % 2 else torch.uint8
+        return dict(inputs=torch.full((3, 4, 4), index, dtype=dtype))
+
+
+@pytest.mark.parametrize('num_workers', [0, 2])
+def test_inputs_of_mixed_dtypes_stay_a_list_of_their_own_dtypes(num_workers):
+    # torch.stack would cast them all to one dtype.
+    loader = DataLoader(_MixedDtypes(), batch_size=4,
+                        num_workers=num_workers, collate_fn=block_collate)
+    batches = [b.unpack() if type(b) is BatchBlock else b for b in loader]
+    assert len(batches) == 2
+    for batch in batches:
+        assert type(batch['inputs']) is list
+        assert [t.dtype for t in batch['inputs']] == [torch.uint8,
+                                                      torch.float32] * 2
+    assert_same(
+        batches,
+        list(DataLoader(_MixedDtypes(), batch_size=4,
+                        collate_fn=pseudo_collate)))

@@ -253,33 +253,55 @@ def test_names_with_spaces_or_beyond_ascii_are_sent_quoted():
             assert backend.get(srv.url(name)) == data
 
 
-def test_a_header_with_a_line_break_is_refused_naming_it():
+@pytest.mark.parametrize('value', [
+    'a\r\nHost: evil',
+    # a bare line feed ends a header line for many servers
+    'a\nHost: evil',
+    # a token read from a file keeps the file's last line feed
+    'Bearer t\n',
+    'a\rb',
+    'a\0b'
+])
+def test_a_header_with_a_line_break_is_refused_naming_it(value):
     with pytest.raises(ValueError, match="headers\\['X-Token'\\]"):
-        HTTPRemoteBackend(headers={'X-Token': 'a\r\nHost: evil'})
+        HTTPRemoteBackend(headers={'X-Token': value})
+
+
+_CREDENTIALS = {'Authorization': 'Bearer t', 'Cookie': 'session=s',
+                'Proxy-Authorization': 'Basic cA=='}
 
 
 class _Redirecting(http.server.BaseHTTPRequestHandler):
-    """/to-other-host answers 302 to the same server under 'localhost';
-    /see-other answers 303 to /plain; /plain records the Authorization it
-    got and sends a body without length, closing the connection; anything
-    else answers with a line that is not HTTP."""
+    """/to-other-host answers 302 to the same server under 'localhost',
+    /to-other-port 307 to /plain of the server at ``other_port``;
+    /see-other answers 303 to /plain; /plain records the credential headers
+    it got and sends a body without length, closing the connection;
+    anything else answers with a line that is not HTTP."""
     protocol_version = 'HTTP/1.1'
-    authorizations = []
+    credentials = []
+    other_port = None
 
     def log_message(self, *args):
         pass
 
     def do_GET(self):
         port = self.server.server_address[1]
-        if self.path in ('/to-other-host', '/see-other'):
-            self.send_response(302 if self.path == '/to-other-host' else 303)
-            self.send_header(
-                'Location', f'http://localhost:{port}/plain'
-                if self.path == '/to-other-host' else '/plain')
+        moves = {
+            '/to-other-host': (302, f'http://localhost:{port}/plain'),
+            '/to-other-port': (307,
+                               f'http://127.0.0.1:{self.other_port}/plain'),
+            '/see-other': (303, '/plain')
+        }
+        if self.path in moves:
+            status, location = moves[self.path]
+            self.send_response(status)
+            self.send_header('Location', location)
             self.send_header('Content-Length', '0')
             self.end_headers()
         elif self.path == '/plain':
-            self.authorizations.append(self.headers.get('Authorization'))
+            self.credentials.append(
+                {name: self.headers.get(name)
+                 for name in _CREDENTIALS})
             self.send_response(200)
             self.send_header('Connection', 'close')
             self.end_headers()
@@ -293,22 +315,33 @@ class _Redirecting(http.server.BaseHTTPRequestHandler):
 
 
 def test_redirects_to_another_host_drop_credentials_and_bad_answers_retry():
-    server = http.server.ThreadingHTTPServer(('127.0.0.1', 0), _Redirecting)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    base = f'http://127.0.0.1:{server.server_address[1]}'
+    servers = [
+        http.server.ThreadingHTTPServer(('127.0.0.1', 0), _Redirecting)
+        for _ in range(2)
+    ]
+    for server in servers:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f'http://127.0.0.1:{servers[0].server_address[1]}'
+    _Redirecting.other_port = servers[1].server_address[1]
+    _Redirecting.credentials = []
     try:
-        backend = HTTPRemoteBackend(headers={'Authorization': 'Bearer t'},
-                                    retries=2, backoff=0.01)
-        assert backend.get(f'{base}/to-other-host') == b'until the end'
-        assert backend.get(f'{base}/see-other') == b'until the end'
-        assert _Redirecting.authorizations == [None, 'Bearer t']
+        backend = HTTPRemoteBackend(headers=_CREDENTIALS, retries=2,
+                                    backoff=0.01)
+        # Another host, and the same host on another port (another origin
+        # as browsers and urllib3 count it), get none of the credentials;
+        # a redirect on the same server keeps them all.
+        for path in ('/to-other-host', '/to-other-port', '/see-other'):
+            assert backend.get(f'{base}{path}') == b'until the end'
+        nothing = dict.fromkeys(_CREDENTIALS)
+        assert _Redirecting.credentials == [nothing, nothing, _CREDENTIALS]
         with pytest.raises(RemoteUnavailableError,
                            match=r'not an HTTP/1.x status line.*'
                            r'gave up after 3 attempt.*/garbage'):
             backend.get(f'{base}/garbage')
     finally:
-        server.shutdown()
-        server.server_close()
+        for server in servers:
+            server.shutdown()
+            server.server_close()
 
 
 def _self_signed_certificate(folder):
