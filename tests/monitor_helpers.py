@@ -62,6 +62,19 @@ class Sleep:
         return results
 
 
+class SlowSample:
+    """A transform that takes ``ms`` milliseconds for sample ``index`` only:
+    its batch is ready after batches asked for later."""
+
+    def __init__(self, index: int, ms: float) -> None:
+        self.index, self.ms = index, ms
+
+    def __call__(self, results):
+        if results['sample_idx'] == self.index:
+            time.sleep(self.ms / 1e3)
+        return results
+
+
 class DropEvery:
     """Returns None for every ``n``-th call (the dataset re-fetches)."""
 

@@ -18,7 +18,7 @@ pytest.importorskip(
     '(the tests extra installs it)')
 
 from monitor_helpers import (SleepyCollate, SleepyDataset,  # noqa: E402
-                             sleepy_pipeline, train)
+                             SlowSample, sleepy_pipeline, train)
 from ray_runs import CHECKPOINT_EVERY_4, ON_DATA_NODES  # noqa: E402
 from ray_runs import alive, ray_hook_of  # noqa: E402
 from test_ray_sizing import _Monitor  # noqa: E402
@@ -36,12 +36,19 @@ MIXED = dict(type='RayDataNodesHook', num_actors=1, local_workers=True,
              **ON_DATA_NODES)
 MONITOR = dict(type='DataMonitorHook', warmup_iters=1, settle_iters=0,
                table_interval=0)
+SLOW_SAMPLE = 5
 
 
 def _train_epochs(work_dir, hooks=(), **kwargs):
     """Two epochs of 12 iterations (24 samples, DefaultSampler shuffled),
-    two local workers (persistent unless told), a checkpoint every 4."""
-    dataset = SleepyDataset(num=24, pipeline=sleepy_pipeline((0.5, 0.5), 8))
+    two local workers (persistent unless told), a checkpoint every 4.
+
+    One sample takes a second: the local worker making its batch finishes
+    the other worker's later batches first, so the order of the local
+    share's batches comes from its ``in_order=True`` alone."""
+    pipeline = sleepy_pipeline((0.5, 0.5), 8)
+    pipeline.insert(1, SlowSample(index=SLOW_SAMPLE, ms=1000))
+    dataset = SleepyDataset(num=24, pipeline=pipeline)
     return train(work_dir, monitor=False, loop='epoch', train_cfg=EPOCHS,
                  dataset=dataset, custom_hooks=list(hooks),
                  default_hooks=CHECKPOINT_EVERY_4, **kwargs)
