@@ -190,9 +190,12 @@ def test_stops_by_itself_and_on_exit():
     conn = http.client.HTTPConnection('127.0.0.1', port, timeout=5)
     conn.request('GET', '/a')
     conn.getresponse().read()  # an idle keep-alive connection stays open
-    time.sleep(1.0)
+    # Polled, not slept: the server is gone once a connection is refused.
+    deadline = time.monotonic() + 30
     with pytest.raises(ConnectionError):
-        request_port(port)
+        while time.monotonic() < deadline:
+            request_port(port)
+            time.sleep(0.05)
     conn.close()
 
 
