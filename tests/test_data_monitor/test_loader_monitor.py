@@ -352,7 +352,7 @@ def test_records_keep_their_figures_and_untimed_ones_only_totals():
     dataset = SleepyDataset(num=48, pipeline=sleepy_pipeline((0, 0)))
     loader = _loader(dataset, collate_fn=SleepyCollate(0))
     with DataLoaderMonitor(loader, warmup_iters=0, sample_every=2):
-        raw = iter(loader)._iterator  # the batches with their records
+        raw = iter(loader)._source  # the batches with their records
         records, taken = [], []
         for batch in raw:
             records.append(batch.record)
