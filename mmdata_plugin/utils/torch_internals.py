@@ -17,7 +17,7 @@ import pickletools
 from _compat_pickle import IMPORT_MAPPING, NAME_MAPPING
 from collections import Counter, OrderedDict
 from contextlib import contextmanager
-from types import SimpleNamespace
+from types import ModuleType
 from typing import Any, Callable, Iterator, List, Optional, Set, Tuple
 
 import torch
@@ -253,14 +253,13 @@ class _WeightsOnlyUnpickler(pickle._Unpickler):
         self.stack[-1] = func(*args)
 
     def load_build(self):
-        state = self.stack.pop()
-        inst = self.stack[-1]
+        inst = self.stack[-2]
         if type(inst) is torch.Tensor:
-            inst.set_(*state)
+            inst.set_(*self.stack.pop())
         elif type(inst) is torch.nn.Parameter:
-            inst.__setstate__(state)
+            inst.__setstate__(self.stack.pop())
         elif type(inst) is OrderedDict:
-            inst.__dict__.update(state)
+            inst.__dict__.update(self.stack.pop())
         elif self._is_allowed(type(inst)):
             super().load_build()
         else:
@@ -338,7 +337,10 @@ def _fallback_pickle_module(entries: List[Tuple[Callable, str]]):
     def load(file, **kwargs):
         return Unpickler(file, **kwargs).load()
 
-    return SimpleNamespace(Unpickler=Unpickler, load=load)
+    # torch.load names the module in its messages (``__name__``).
+    module = ModuleType(f'{__name__}.weights_only_pickle')
+    module.Unpickler, module.load = Unpickler, load
+    return module
 
 
 def weights_only_load(file, map_location,

@@ -23,6 +23,18 @@ from mmdata_plugin.utils import (TRUSTED_CHECKPOINTS_ENV,
                                  UnreadableCheckpointError,
                                  UnsafeCheckpointError, trust_checkpoint)
 from mmdata_plugin.utils.checkpoint_safety import trusted_checkpoints
+from mmdata_plugin.utils import torch_internals
+from mmdata_plugin.utils.torch_internals import unsafe_globals_in_checkpoint
+
+
+@pytest.fixture(
+    autouse=True,
+    params=['torch', 'own'] if torch_internals._TORCH_BINDS_NAMES else ['own'])
+def unpickler(request, monkeypatch):
+    """Each test with torch's weights-only unpickler and again with the one
+    torch < 2.6 loads through, where torch has both."""
+    monkeypatch.setattr(torch_internals, '_TORCH_BINDS_NAMES',
+                        request.param == 'torch')
 
 
 @pytest.fixture(autouse=True)
@@ -31,7 +43,8 @@ def no_trusted_files(monkeypatch):
 
 
 def test_our_checkpoint_round_trips_message_hub(tmp_path):
-    hub = MessageHub.get_instance('checkpoint_safety_test')
+    # One hub per run: the test runs once per unpickler.
+    hub = MessageHub.get_instance(f'checkpoint_safety_test_{tmp_path.name}')
     hub.update_scalar('train/loss', 0.5)
     hub.update_scalar('train/loss', 0.25, count=2)
     hub.update_scalar('train/acc', 3)
@@ -41,9 +54,8 @@ def test_our_checkpoint_round_trips_message_hub(tmp_path):
             message_hub=hub.state_dict(),
             meta=dict(dataset_meta=dict(palette=np.arange(6).reshape(2, 3))),
             state_dict=dict(w=torch.ones(2))), path)
-    # Nothing dangerous in the file: plain torch.load can check it alone.
-    unsafe = torch.serialization.get_unsafe_globals_in_checkpoint(path)
-    assert 'builtins.getattr' not in unsafe
+    # Nothing dangerous in the file: the weights-only rules alone say so.
+    assert 'builtins.getattr' not in unsafe_globals_in_checkpoint(path, [])
 
     loaded = _load_checkpoint(path, map_location='cpu')
     loss = loaded['message_hub']['log_scalars']['train/loss']
@@ -73,9 +85,7 @@ def test_malicious_checkpoint_is_refused(tmp_path):
 def test_getattr_gadget_is_refused(tmp_path):
     path = str(tmp_path / 'gadget.pth')
     torch.save(dict(meta=UsesGetattrGadget()), path)
-    assert torch.serialization.get_unsafe_globals_in_checkpoint(path) == [
-        'builtins.getattr'
-    ]
+    assert unsafe_globals_in_checkpoint(path, []) == ['builtins.getattr']
     with pytest.raises(UnsafeCheckpointError) as error:
         CheckpointLoader.load_checkpoint(path)
     assert "outside the safe allow-list: ['builtins.getattr']" in str(
@@ -262,6 +272,9 @@ def test_non_numeric_numpy_data_is_refused_unless_trusted(tmp_path):
     assert list(loaded['meta']['classes']) == ['cat', 'dog']
 
 
+@pytest.mark.skipif(
+    not hasattr(torch.serialization, 'get_safe_globals'),
+    reason='torch < 2.4 has no safe-globals list of the user\'s')
 def test_users_safe_globals_survive_a_load(tmp_path):
     path = str(tmp_path / 'numpy.pth')
     torch.save(dict(meta=np.arange(3)), path)
