@@ -97,6 +97,7 @@ def test_a_benchmark_can_count_the_first_batch_of_later_epochs():
             assert throughput['samples_per_s'] is None
 
 
+@pytest.mark.compat
 def test_measure_dataloader_reports_and_restores_the_loader():
     dataset = SleepyDataset(num=24, io_ms=1, pipeline=sleepy_pipeline((1, 2)))
     loader = _loader(dataset, num_workers=2, collate_fn=SleepyCollate(1))
@@ -207,6 +208,7 @@ def test_shared_random_draws_stay_shared_while_timed():
     assert all(same) and len(same) == 64
 
 
+@pytest.mark.compat
 def test_rewinding_loaders_without_a_bucketing_batch_sampler():
     from mmdata_plugin.utils.started_iterators import rewind_samplers
 

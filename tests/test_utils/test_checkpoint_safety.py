@@ -42,6 +42,7 @@ def no_trusted_files(monkeypatch):
     monkeypatch.delenv(TRUSTED_CHECKPOINTS_ENV, raising=False)
 
 
+@pytest.mark.compat
 def test_our_checkpoint_round_trips_message_hub(tmp_path):
     # One hub per run: the test runs once per unpickler.
     hub = MessageHub.get_instance(f'checkpoint_safety_test_{tmp_path.name}')
@@ -69,6 +70,7 @@ def test_our_checkpoint_round_trips_message_hub(tmp_path):
                                   np.arange(6).reshape(2, 3))
 
 
+@pytest.mark.compat
 def test_malicious_checkpoint_is_refused(tmp_path):
     marker = tmp_path / 'pwned'
     path = str(tmp_path / 'evil.pth')
@@ -82,6 +84,7 @@ def test_malicious_checkpoint_is_refused(tmp_path):
     assert not marker.exists()
 
 
+@pytest.mark.compat
 def test_getattr_gadget_is_refused(tmp_path):
     path = str(tmp_path / 'gadget.pth')
     torch.save(dict(meta=UsesGetattrGadget()), path)
@@ -158,6 +161,7 @@ def _load_in_forked_child(path):
     return status, text
 
 
+@pytest.mark.compat
 @pytest.mark.parametrize('payload', sorted(HOSTILE_PAYLOADS))
 def test_forged_numpy_data_is_refused_without_crashing(payload, tmp_path):
     path = write_hostile_checkpoint(payload, str(tmp_path / 'hostile.pth'))
@@ -169,6 +173,7 @@ def test_forged_numpy_data_is_refused_without_crashing(payload, tmp_path):
     assert 'numpy data numpy itself never writes' in output
 
 
+@pytest.mark.compat
 @pytest.mark.parametrize('as_set_member', [False, True])
 def test_deeply_nested_tuples_are_refused_without_crashing(
         as_set_member, tmp_path):
@@ -230,6 +235,7 @@ def test_bytes_and_bytearrays_as_pickle_writes_them_load(tmp_path):
     assert CheckpointLoader.load_checkpoint(path)['meta'] == content
 
 
+@pytest.mark.compat
 def test_plain_numpy_content_round_trips_as_plain_numpy(tmp_path):
     big_endian = np.arange(4, dtype='>i2').reshape(2, 2)
     shared = np.linspace(0, 1, 5, dtype=np.float32)
@@ -303,6 +309,7 @@ def test_trusted_list_keeps_urls_whole(tmp_path, monkeypatch):
     assert trusted_checkpoints()[-1] == 'mmcls://net'
 
 
+@pytest.mark.compat
 def test_a_compressed_record_is_refused(tmp_path):
     # torch's reader inflates a deflated data.pkl to the size its header
     # says: here 8 MB of padding after STOP, from a file of ~10 KB.
