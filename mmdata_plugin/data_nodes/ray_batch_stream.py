@@ -163,8 +163,9 @@ class RayBatchStream:
             batch, production_record(produced, pending, self._first_slot))
 
     def shutdown_workers(self) -> None:
-        """Stop this pass before it hands anything out (what torch's
-        iterators do in ``_shutdown_workers``): its local workers stop, and the
+        """Stop this pass before it hands anything out (what
+        ``torch_internals.shutdown_workers`` does to torch's iterators):
+        its local workers stop, and the
         local share's DataLoader is built again at the next pass, with the
         train DataLoader's collate of then (the data monitor's timed one).
         Batches the actors were sent are let go."""

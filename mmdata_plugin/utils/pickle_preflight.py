@@ -63,7 +63,7 @@ _EMPTY_CONTAINERS = {
 # torch's tensor and storage classes, which torch's unpickler lets a
 # pickle call: torch.FloatTensor(N) allocates N uninitialised floats,
 # torch.storage.UntypedStorage(N) N bytes. torch.save never calls them
-# (tensors come from storages through torch._utils._rebuild_*, storages
+# (tensors come from storages through torch's _rebuild_* functions, storages
 # from the archive's records through persistent ids).
 _TENSOR_CLASSES = {
     'torch.Tensor', 'torch.storage.UntypedStorage',
