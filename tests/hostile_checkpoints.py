@@ -7,6 +7,7 @@ never writes.
 """
 import copyreg
 import functools
+import importlib
 import io
 import os
 import zipfile
@@ -17,9 +18,12 @@ import torch
 
 from mmdata_plugin.utils.checkpoint_safety import rebuild_history_buffer
 
-_multiarray = getattr(np, '_core', None) or np.core
-_RECONSTRUCT = _multiarray.multiarray._reconstruct
-_SCALAR = _multiarray.multiarray.scalar
+# numpy 1.26 has a numpy._core too, without multiarray: ask by version.
+_multiarray = importlib.import_module(
+    'numpy._core.multiarray' if int(np.__version__.split('.')[0]) >= 2 else
+    'numpy.core.multiarray')
+_RECONSTRUCT = _multiarray._reconstruct
+_SCALAR = _multiarray.scalar
 # numpy's own object dtype state has flags 63 (it holds references); 0 makes
 # numpy treat the raw bytes of the file as object pointers.
 _NO_REFERENCE_FLAGS = 0

@@ -23,6 +23,10 @@ from mmengine.runner.utils import calc_dynamic_intervals
 
 import mmdata_plugin  # noqa: F401  (registers transforms, the hook)
 from mmdata_plugin.sample_order import SampleIndex
+from mmdata_plugin.utils.torch_internals import (held_iterator,
+                                                 set_held_iterator,
+                                                 shutdown_workers,
+                                                 started_iterator)
 
 IMAGE_SIDE = 16
 
@@ -260,15 +264,16 @@ class _LazyInfiniteIterator:
 
     def __init__(self, dataloader) -> None:
         self._dataloader = dataloader
-        self._iterator = None
+        # Where mmengine's _InfiniteDataloaderIterator keeps it.
+        set_held_iterator(self, None)
 
     def __iter__(self):
         return self
 
     def __next__(self):
-        if self._iterator is None:
-            self._iterator = iter(self._dataloader)
-        return next(self._iterator)
+        if held_iterator(self) is None:
+            set_held_iterator(self, iter(self._dataloader))
+        return next(held_iterator(self))
 
 
 class LazyIterBasedTrainLoop(IterBasedTrainLoop):
@@ -406,11 +411,9 @@ def release_workers(runner) -> None:
     """Stop the workers the train loop keeps (stock loops leave that to the
     garbage collector, where torch waits 5 s per worker to join)."""
     holder = getattr(runner.train_loop, 'dataloader_iterator', None)
-    for iterator in (getattr(holder, '_iterator', None),
-                     getattr(runner.train_dataloader, '_iterator', None)):
-        shutdown = getattr(iterator, '_shutdown_workers', None)
-        if shutdown is not None:
-            shutdown()
+    for iterator in (held_iterator(holder),
+                     started_iterator(runner.train_dataloader)):
+        shutdown_workers(iterator)
 
 
 class CountingMetric(BaseMetric):

@@ -30,6 +30,7 @@ from mmdata_plugin.engine import DataMonitorHook
 from mmdata_plugin.testing import count_calls
 from mmdata_plugin.transforms import PackImageLabelInputs
 from mmdata_plugin.utils import make_demo_dataset
+from mmdata_plugin.utils.torch_internals import shutdown_workers
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 MODES = ('plain', 'monitored')
@@ -245,9 +246,7 @@ def interleaved(build: Callable[[int], DataLoader], args):
         sampling = monitor.summary()['sampling']
         monitor.uninstall()
         for iterator in iterators.values():
-            shutdown = getattr(iterator, '_shutdown_workers', None)
-            if shutdown is not None:
-                shutdown()
+            shutdown_workers(iterator)
     print(f'  {batches} batches per chunk; timed batches: '
           f"{sampling['timed_batches']} "
           f"({100 * sampling['timed_share']:.1f}% of the counted ones)")

@@ -18,8 +18,8 @@ import mmdata_plugin  # noqa: F401,E402  (registers block_collate)
 from mmdata_plugin.data_nodes import (ActorPool, LocalShare,  # noqa: E402
                                       RayBatchStream, import_ray)
 from mmdata_plugin.handover import block_collate  # noqa: E402
-from mmdata_plugin.utils.started_iterators import \
-    shutdown_iterator  # noqa: E402
+from mmdata_plugin.utils.torch_internals import \
+    shutdown_workers  # noqa: E402
 
 
 def parse_args():
@@ -133,7 +133,7 @@ def _local_rate(dataset, args) -> float:
     try:
         return _seconds_per_batch(iterator, args.batches, args.idle)
     finally:
-        shutdown_iterator(iterator)
+        shutdown_workers(iterator)
 
 
 def _start_cluster(args):
@@ -210,7 +210,7 @@ def _mixed_rate(dataset, args, actors: int, workers: int) -> tuple:
         try:
             return _back_to_back(iterator, 2 * args.batches), 1.0
         finally:
-            shutdown_iterator(iterator)
+            shutdown_workers(iterator)
     pool = ActorPool(dataset, block_collate, actors,
                      dict(num_cpus=0.5, resources=dict(data_node=0.5)),
                      seed=0)

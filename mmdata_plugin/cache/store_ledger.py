@@ -59,7 +59,7 @@ PUBLISH_DELAY = 0.05
 
 def _close_before_fork() -> None:
     for ledger in list(_LEDGERS):
-        if not ledger._lock.acquire(timeout=_FORK_LOCK_SECONDS):
+        if not ledger._ledger_lock.acquire(timeout=_FORK_LOCK_SECONDS):
             continue  # the child parks it (see _park_inherited_connections)
         _HELD_AT_FORK.append(ledger)
         if ledger._depth == 0:
@@ -75,7 +75,7 @@ def _close_before_fork() -> None:
 
 def _release_after_fork_in_parent() -> None:
     while _HELD_AT_FORK:
-        _HELD_AT_FORK.pop()._lock.release()
+        _HELD_AT_FORK.pop()._ledger_lock.release()
 
 
 def _park_inherited_connections() -> None:
@@ -86,7 +86,7 @@ def _park_inherited_connections() -> None:
             ledger._connection = None
             ledger._pid = None
         # a parent thread may have held it at the fork
-        ledger._lock = threading.RLock()
+        ledger._ledger_lock = threading.RLock()
         ledger._depth = 0
     # the parent's to write; their timer threads did not cross the fork
     _PUBLISHED.clear()
@@ -190,7 +190,7 @@ class StoreLedger:
         self.path = path
         self._pid = None
         self._connection = None
-        self._lock = threading.RLock()
+        self._ledger_lock = threading.RLock()
         self._depth = 0
         _LEDGERS.add(self)
 
@@ -240,7 +240,7 @@ class StoreLedger:
     @contextlib.contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
         """Exclusive write transaction; nested calls join the outer one."""
-        with self._lock:
+        with self._ledger_lock:
             connection = self.connection
             if self._depth:
                 self._depth += 1
@@ -306,7 +306,7 @@ class StoreLedger:
 
     def _rows(self, sql: str, args=()) -> list:
         """Run one statement under the lock; all its rows."""
-        with self._lock:
+        with self._ledger_lock:
             return self.connection.execute(sql, args).fetchall()
 
     # -- queries (inside or outside a transaction) -------------------------
@@ -373,7 +373,7 @@ class StoreLedger:
     def insert_entry(self, row: EntryRow) -> None:
         """Insert or replace an entry, keeping the committed total right
         (two statements: one per download, so each counts)."""
-        with self._lock:
+        with self._ledger_lock:
             self._rows(
                 "UPDATE totals SET value=value+?-COALESCE((SELECT size FROM "
                 "entries WHERE digest=?), 0) WHERE name='committed'",
@@ -384,7 +384,7 @@ class StoreLedger:
     def delete_entry(self, row: EntryRow) -> int:
         """Delete the entry ``row`` (as read in this transaction); returns
         its size (0 if absent)."""
-        with self._lock:
+        with self._ledger_lock:
             if not self.connection.execute(
                     'DELETE FROM entries WHERE digest=?',
                 (row.digest, )).rowcount:
@@ -393,7 +393,7 @@ class StoreLedger:
             return row.size
 
     def touch(self, accesses: Dict[str, float]) -> None:
-        with self._lock:
+        with self._ledger_lock:
             self.connection.executemany(
                 'UPDATE entries SET last_access=max(last_access, ?) '
                 'WHERE digest=?', [(t, d) for d, t in accesses.items()])
@@ -401,7 +401,7 @@ class StoreLedger:
     def insert_reservation(self, owner: str, nbytes: int,
                            digest: Optional[str], namespace: Optional[str],
                            key: Optional[str]) -> int:
-        with self._lock:
+        with self._ledger_lock:
             cursor = self.connection.execute(
                 'INSERT INTO reservations (owner, nbytes, created, digest, '
                 'namespace, key) VALUES (?, ?, ?, ?, ?, ?)',
@@ -414,13 +414,13 @@ class StoreLedger:
 
     def delete_reservation(self, reservation_id: int) -> bool:
         """Delete a reservation's row; whether it was there."""
-        with self._lock:
+        with self._ledger_lock:
             return self.connection.execute(
                 'DELETE FROM reservations WHERE id=?',
                 (reservation_id, )).rowcount > 0
 
     def add_retired_counters(self, counts: Dict[str, Dict[str, int]]) -> None:
-        with self._lock:
+        with self._ledger_lock:
             self.connection.executemany(
                 'INSERT INTO retired_counters VALUES (?, ?, ?) '
                 'ON CONFLICT (namespace, name) DO UPDATE SET value=value+?',

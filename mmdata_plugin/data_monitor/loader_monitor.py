@@ -46,7 +46,7 @@ class _TimedIterator:
     """Proxy of a DataLoader iterator: times ``next()``, unwraps batches."""
 
     def __init__(self, iterator, monitor: 'DataLoaderMonitor') -> None:
-        self._iterator = iterator
+        self._source = iterator
         self._monitor = monitor
 
     def __iter__(self) -> '_TimedIterator':
@@ -54,7 +54,7 @@ class _TimedIterator:
 
     def __next__(self):
         requested = _perf_counter()
-        item = next(self._iterator)
+        item = next(self._source)
         received = _perf_counter()
         if type(item) is MonitoredBatch:
             if item.trainer_stages:
@@ -65,12 +65,12 @@ class _TimedIterator:
         return item
 
     def __len__(self) -> int:
-        return len(self._iterator)
+        return len(self._source)
 
     def __getattr__(self, name: str):
-        if name.startswith('__') or name == '_iterator':
+        if name.startswith('__') or name == '_source':
             raise AttributeError(name)
-        return getattr(self._iterator, name)
+        return getattr(self._source, name)
 
 
 def _timed_iterator(loader: DataLoader, base: type) -> '_TimedIterator':

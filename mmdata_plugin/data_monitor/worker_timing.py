@@ -37,11 +37,11 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from torch.utils.data import get_worker_info
-# torch's own recursive pinning (a private module): MonitoredBatch hands its
-# batch to it so that pin_memory=True pins exactly what it pins without us.
-from torch.utils.data._utils.pin_memory import pin_memory as _pin_memory
 
 from ..utils.receipt_stamp import ReceiptStamp
+# torch's own recursive pinning: MonitoredBatch hands its batch to it so
+# that pin_memory=True pins exactly what it pins without us.
+from ..utils.torch_internals import pin_memory as torch_pin_memory
 from . import probes
 
 _perf_counter = time.perf_counter
@@ -403,7 +403,7 @@ class MonitoredBatch:
 
     def pin_memory(self, *args, **kwargs) -> 'MonitoredBatch':
         start = _perf_counter()
-        batch = _pin_memory(self.batch, *args, **kwargs)
+        batch = torch_pin_memory(self.batch, *args, **kwargs)
         return MonitoredBatch(
             batch, self.record,
             dict(self.trainer_stages or (), pin=_perf_counter() - start))

@@ -15,9 +15,9 @@ import time
 from typing import Any, Callable, List, NamedTuple, Optional
 
 import numpy as np
-from torch.utils.data._utils import worker as torch_worker
 
 from ..handover import BatchBlock, pack_batch
+from ..utils.torch_internals import act_as_worker
 from ..version import __version__
 
 
@@ -59,14 +59,6 @@ class NodeReport(NamedTuple):
     problem: Optional[str]
 
 
-def _act_as_worker(dataset: Any, seed: int) -> None:
-    # The actor process does a DataLoader worker's job and nothing else:
-    # datasets and collates that ask get_worker_info() (seeding wrappers,
-    # block_collate) must take their worker path here too.
-    torch_worker._worker_info = torch_worker.WorkerInfo(
-        id=0, num_workers=1, seed=seed, dataset=dataset)
-
-
 class BatchProducer:
     """Produces packed batches from indices (the body of a Ray actor).
 
@@ -83,7 +75,10 @@ class BatchProducer:
         self.where = (socket.gethostname(), ray.util.get_node_ip_address(),
                       os.getpid())
         self.node_id = ray.get_runtime_context().get_node_id()
-        _act_as_worker(dataset, seed)
+        # The actor process does a DataLoader worker's job and nothing
+        # else: datasets and collates that ask get_worker_info() (seeding
+        # wrappers, block_collate) must take their worker path here too.
+        act_as_worker(dataset, seed)
 
     def report(self) -> NodeReport:
         """This node's name and version, and the error loading the first

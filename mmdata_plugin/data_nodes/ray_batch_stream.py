@@ -6,9 +6,9 @@ from collections import deque
 from typing import Any, Callable, Deque, Iterator, List, Optional, Tuple
 
 import torch
-from torch.utils.data._utils.pin_memory import pin_memory
 
 from ..handover import BatchBlock, received_batch
+from ..utils.torch_internals import pin_memory
 from .actor_pool import ActorPool, Pending, import_ray
 from .batch_producer import ProducedBatch
 from .local_share import LOCAL, BatchOrder, LocalShare
@@ -162,9 +162,10 @@ class RayBatchStream:
         return self._wrap(
             batch, production_record(produced, pending, self._first_slot))
 
-    def _shutdown_workers(self) -> None:
-        """Stop this pass before it hands anything out (torch's iterators
-        have the method of this name): its local workers stop, and the
+    def shutdown_workers(self) -> None:
+        """Stop this pass before it hands anything out (what
+        ``torch_internals.shutdown_workers`` does to torch's iterators):
+        its local workers stop, and the
         local share's DataLoader is built again at the next pass, with the
         train DataLoader's collate of then (the data monitor's timed one).
         Batches the actors were sent are let go."""

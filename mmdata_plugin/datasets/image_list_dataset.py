@@ -36,7 +36,7 @@ class ImageListDataset(BaseDataset):
             raise FileNotFoundError(
                 f'Annotation file not found: {self.ann_file}')
         prefix = self.data_prefix.get('img_path', '')
-        classes = self._metainfo.get('classes')
+        classes = self.metainfo.get('classes')
         num_classes = len(classes) if classes else None
         data_list = []
         for lineno, path, label in iter_path_labels(self.ann_file):

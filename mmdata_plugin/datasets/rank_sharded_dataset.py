@@ -14,6 +14,10 @@ from mmengine.registry import DATASETS
 from ..remote.node_fetch import (DEFAULT_FILES_LIMIT, fetch_to_node,
                                  is_remote)
 from ..transforms.decode_target import warn_if_decode_too_small
+from ..utils.torch_internals import (copy_without_annotation,
+                                     dataset_indices, dataset_initialized,
+                                     dataset_metainfo,
+                                     mark_dataset_initialized)
 from .annotation_lines import (AnnotationFormatError, check_label,
                                decode_text, split_path_label)
 from .line_index import (annotation_format, default_index_path,
@@ -136,7 +140,7 @@ class RankShardedDataset(BaseDataset):
 
     def full_init(self) -> None:
         """Open (building if needed) the index; load nothing else."""
-        if self._fully_initialized:
+        if dataset_initialized(self):
             return
         self._format = annotation_format(self.ann_file, self.ann_format)
         local_file, beside = self.ann_file, True
@@ -156,12 +160,12 @@ class RankShardedDataset(BaseDataset):
         header = self._index.header_record()
         if header is not None:
             for key, value in json.loads(header)['metainfo'].items():
-                self._metainfo.setdefault(key, value)
-        classes = self._metainfo.get('classes')
+                dataset_metainfo(self).setdefault(key, value)
+        classes = dataset_metainfo(self).get('classes')
         self._num_classes = len(classes) if classes else None
-        if self._indices is not None:
-            self._line_ids = self._select(self._indices)
-        self._fully_initialized = True
+        if dataset_indices(self) is not None:
+            self._line_ids = self._select(dataset_indices(self))
+        mark_dataset_initialized(self)
 
     def load_data_list(self) -> List[dict]:
         raise TypeError(
@@ -169,7 +173,7 @@ class RankShardedDataset(BaseDataset):
             'get_data_info(idx) for one sample')
 
     def __len__(self) -> int:
-        if not self._fully_initialized:
+        if not dataset_initialized(self):
             self.full_init()
         return len(self._line_ids)
 
@@ -194,7 +198,7 @@ class RankShardedDataset(BaseDataset):
         A ``SampleIndex`` whose ``shard`` names a shard file is read from
         that file; any other index from the annotation file.
         """
-        if not self._fully_initialized:
+        if not dataset_initialized(self):
             self.full_init()
         shard = getattr(idx, 'shard', None)
         idx = self._check_index(int(idx))
@@ -329,16 +333,16 @@ class RankShardedDataset(BaseDataset):
 
     def get_subset_(self, indices: Union[int, Sequence[int]]) -> None:
         """Keep only ``indices`` (an int: the first/last ones; numpy ok)."""
-        if not self._fully_initialized:
+        if not dataset_initialized(self):
             self.full_init()
         self._line_ids = self._select(indices)
 
     def get_subset(self,
                    indices: Union[int, Sequence[int]]) -> 'RankShardedDataset':
         """A copy holding only ``indices`` (an int: the first/last ones)."""
-        if not self._fully_initialized:
+        if not dataset_initialized(self):
             self.full_init()
-        subset = self._copy_without_annotation()
+        subset = copy_without_annotation(self)
         subset._shard_writer = None
         subset._line_ids = self._select(indices)
         return subset

@@ -48,7 +48,7 @@ def _aligned(offset: int) -> int:
     return (offset + ALIGN - 1) // ALIGN * ALIGN
 
 
-def _new_shared_block(nbytes: int) -> Tuple[torch.Tensor, bool]:
+def _allocate_block(nbytes: int) -> Tuple[torch.Tensor, bool]:
     """A uint8 tensor whose storage already lives in shared memory (inside
     a DataLoader worker), and whether it is a slot the worker writes again
     (see :mod:`.block_slots`)."""
@@ -194,7 +194,7 @@ def pack_batch(batch: dict) -> 'BatchBlock':
     pickler.dump(batch)
     entries = pickler.entries
     small_end, total = _place(entries)
-    block, leased = _new_shared_block(total)
+    block, leased = _allocate_block(total)
     for entry in entries:
         _copy_in(block, entry)
     return BatchBlock(block, buffer.getvalue(),

@@ -122,8 +122,8 @@ class DeviceFeeder:
         return len(self.iterator)
 
     def __getattr__(self, name: str):
-        # The wrapped iterator's own attributes (``_sampler_iter``,
-        # ``_shutdown_workers``...) stay reachable for code that uses them.
+        # The wrapped iterator's own attributes (its sampler iterator, its
+        # workers' shutdown...) stay reachable for code that uses them.
         if name.startswith('__') or name == 'iterator':
             raise AttributeError(name)
         return getattr(self.iterator, name)

@@ -20,6 +20,7 @@ import torch
 from numpy.lib import format as npy_format
 
 from ..utils.shared_bytes import new_shared_bytes, storage_bytes
+from ..utils.torch_internals import storage_of_segment
 
 
 class ArrayFileError(ValueError):
@@ -130,11 +131,9 @@ def _kernel_copied_shared(file, offset: int, nbytes: int,
             if not count:
                 raise _changed_while_read(shown, done, nbytes)
             done += count
-        # torch's public API cannot wrap an existing segment; the
-        # DataLoader's own receiving side (``rebuild_storage_fd``) uses this
-        # constructor. The storage keeps its fd, so a worker hands it on by
-        # fd, without the copy ``share_memory_()`` would make.
-        return torch.UntypedStorage._new_shared_fd_cpu(segment, nbytes)
+        # The storage keeps its fd, so a worker hands it on by fd, without
+        # the copy ``share_memory_()`` would make.
+        return storage_of_segment(segment, nbytes)
     finally:
         os.close(segment)
 

@@ -1,4 +1,4 @@
-"""Safe checkpoint loading for mmengine 0.10.x on torch >= 2.6.
+"""Safe checkpoint loading for mmengine 0.10.x, on every torch from 2.1.
 
 torch >= 2.6 loads with ``weights_only=True`` by default. mmengine 0.10.7
 checkpoints cannot be loaded that way: the message hub's ``HistoryBuffer``
@@ -12,8 +12,10 @@ checkpoint a potential exploit, so we do two things instead:
   rebuilds it through :func:`rebuild_history_buffer`. ``copyreg`` is the
   standard-library hook for pickling types one does not own, so mmengine's
   own code stays untouched.
-* Loading: :func:`load_checkpoint_safely` keeps ``weights_only=True`` and
-  allows, only for the duration of the call, a short list of data-only
+* Loading: :func:`load_checkpoint_safely` loads with the weights-only rules
+  (torch's own from 2.6, the same rules through
+  :func:`~.torch_internals.weights_only_load` before) and allows, only for
+  the duration of the call, a short list of data-only
   constructors: :func:`rebuild_history_buffer` and validating stand-ins for
   numpy's array/scalar/dtype constructors (:mod:`.numpy_unpickling`), so no
   file can crash the process or make numpy read memory it does not own.
@@ -27,8 +29,7 @@ import os
 import os.path as osp
 import pickle
 import re
-from contextlib import contextmanager
-from typing import Callable, Iterator, List, Optional, Tuple, Union
+from typing import Callable, List, Optional, Tuple, Union
 
 import numpy as np
 import torch
@@ -38,6 +39,8 @@ from .allocation_budget import allocation_budget, charge
 from .numpy_unpickling import (ForgedNumpyData, numpy_allow_list, plain_dtype,
                                plain_numpy_objects)
 from .pickle_preflight import check_pickles
+from .torch_internals import (fill_history_buffer,
+                              unsafe_globals_in_checkpoint, weights_only_load)
 
 #: Environment variable listing checkpoints (``os.pathsep`` separated files
 #: or URLs) the user explicitly trusts to be unpickled without restrictions.
@@ -68,8 +71,8 @@ def rebuild_history_buffer(log_history: list, count_history: list,
     if type(max_length) is not int:
         raise ForgedNumpyData(f'HistoryBuffer max_length {max_length!r}')
     buffer = HistoryBuffer(max_length=max_length)
-    buffer._log_history = _history_array(log_history, log_dtype)
-    buffer._count_history = _history_array(count_history, count_dtype)
+    fill_history_buffer(buffer, _history_array(log_history, log_dtype),
+                        _history_array(count_history, count_dtype))
     return buffer
 
 
@@ -102,33 +105,6 @@ def safe_allow_list() -> List[Tuple[Callable, str]]:
     history = (rebuild_history_buffer,
                f'{__name__}.{rebuild_history_buffer.__qualname__}')
     return [history] + numpy_allow_list()
-
-
-def _entry_name(entry) -> str:
-    if isinstance(entry, tuple):
-        return entry[1]
-    return f'{entry.__module__}.{entry.__qualname__}'
-
-
-@contextmanager
-def scoped_allow_list() -> Iterator[None]:
-    """Put :func:`safe_allow_list` in force for the duration of a load.
-
-    The user's own ``add_safe_globals`` entries stay in force except those
-    under the names our stand-ins take (a raw ``numpy.dtype`` would undo
-    them), and torch's list is exactly as it was afterwards.
-    """
-    saved = torch.serialization.get_safe_globals()
-    ours = safe_allow_list()
-    our_names = {name for _, name in ours}
-    kept = [entry for entry in saved if _entry_name(entry) not in our_names]
-    torch.serialization.clear_safe_globals()
-    torch.serialization.add_safe_globals(kept + ours)
-    try:
-        yield
-    finally:
-        torch.serialization.clear_safe_globals()
-        torch.serialization.add_safe_globals(saved)
 
 
 def is_url(name: str) -> bool:
@@ -179,8 +155,7 @@ def _refusal(name: str, reason: str) -> UnsafeCheckpointError:
 
 
 def _unsafe_globals_reason(source) -> str:
-    unsafe = sorted(torch.serialization.get_unsafe_globals_in_checkpoint(
-        source))
+    unsafe = unsafe_globals_in_checkpoint(source, safe_allow_list())
     return (f'it references globals outside the safe allow-list: {unsafe}. '
             'Checkpoints written by stock mmengine 0.10.x pickle '
             'HistoryBuffer methods through `builtins.getattr`, which can run '
@@ -201,11 +176,9 @@ def _load_restricted(source, map_location):
                                           bytes) else osp.getsize(source)
     with allocation_budget(file_size):
         check_pickles(source)
-        with scoped_allow_list():
-            checkpoint = torch.load(
-                _opened(source), map_location=map_location,
-                weights_only=True)
-            return plain_numpy_objects(checkpoint)
+        return plain_numpy_objects(
+            weights_only_load(_opened(source), map_location,
+                              safe_allow_list()))
 
 
 def _try_restricted_load(source, map_location,
@@ -218,11 +191,10 @@ def _try_restricted_load(source, map_location,
                 'only plain numeric and bool arrays, scalars and dtypes '
                 'are accepted'), None
     except pickle.UnpicklingError as error:
-        with scoped_allow_list():
-            try:
-                reason = _unsafe_globals_reason(_opened(source))
-            except Exception:  # the scan fails where the load did
-                reason = ''
+        try:
+            reason = _unsafe_globals_reason(_opened(source))
+        except Exception:  # the scan fails where the load did
+            reason = ''
         if not reason:
             raise _unreadable(name, error) from error
         return reason, None

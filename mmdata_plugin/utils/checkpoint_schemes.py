@@ -25,10 +25,10 @@ from mmengine.fileio import get_file_backend
 from mmengine.logging import print_log
 from mmengine.runner import checkpoint as mmengine_checkpoint
 from mmengine.runner.checkpoint import CheckpointLoader
-from mmengine.utils import digit_version
 
 from .checkpoint_safety import (load_checkpoint_safely, load_from_local_safely,
                                 register_safe_history_buffer_pickling)
+from .torch_internals import mmengine_home, process_mmcls_checkpoint
 
 
 def _download(url: str, model_dir: str = None) -> str:
@@ -102,7 +102,7 @@ def load_from_openmmlab_safely(filename: str, map_location=None):
     if model_url.startswith(('http://', 'https://')):
         return load_from_http_safely(model_url, map_location, name=filename)
     # mmengine's own MMENGINE_HOME resolution, which its table entries use.
-    local = osp.join(mmengine_checkpoint._get_mmengine_home(), model_url)
+    local = osp.join(mmengine_home(), model_url)
     if not osp.isfile(local):
         raise FileNotFoundError(f'{local} can not be found.')
     return load_checkpoint_safely(local, map_location, name=filename)
@@ -113,7 +113,7 @@ def load_from_mmcls_safely(filename: str, map_location=None):
     url = mmengine_checkpoint.get_mmcls_models()[filename[len('mmcls://'):]]
     checkpoint = load_from_http_safely(url, map_location, name=filename)
     # mmengine's own conversion of mmcls checkpoints (keeps `backbone.*`).
-    return mmengine_checkpoint._process_mmcls_checkpoint(checkpoint)
+    return process_mmcls_checkpoint(checkpoint)
 
 
 def load_from_ceph_safely(filename: str, map_location=None,
@@ -159,20 +159,13 @@ SAFE_SCHEME_LOADERS = {
 }
 
 
-def install_safe_checkpoint_loading() -> bool:
+def install_safe_checkpoint_loading() -> None:
     """Route mmengine's checkpoint loading through the safe loaders.
 
     Uses mmengine's public ``CheckpointLoader.register_scheme`` extension
-    point. Torch before 2.6 cannot bind a stand-in to a global's name
-    (``(callable, "module.name")`` allow-list entries) and does not default
-    to ``weights_only``; there the stock loaders are kept.
-
-    Returns:
-        bool: Whether the safe loaders were installed.
+    point. On torch before 2.6, whose ``torch.load`` does not default to
+    ``weights_only``, the safe loaders refuse what they refuse on 2.6 too.
     """
     register_safe_history_buffer_pickling()
-    if digit_version(torch.__version__) < digit_version('2.6.0'):
-        return False
     for prefix, loader in SAFE_SCHEME_LOADERS.items():
         CheckpointLoader.register_scheme(prefix, loader, force=True)
-    return True

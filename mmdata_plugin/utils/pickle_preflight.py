@@ -31,12 +31,11 @@ import zipfile
 from struct import unpack
 from typing import BinaryIO, Union
 
-import torch
-# torch's own name resolution for GLOBAL (its protocol-2 name mappings), so
-# the names checked are the names torch looks up.
-from torch._weights_only_unpickler import _read_global_instruction
-
 from .allocation_budget import charge
+# The weights-only load's own name resolution for GLOBAL (its protocol-2
+# name mappings), so the names checked are the names it looks up.
+from .torch_internals import (archive_record, read_global_instruction,
+                              tensor_and_storage_classes)
 
 #: Deeper than any real checkpoint nests tuples; far below a C stack (and
 #: below the Python recursion limit that walking the result meets).
@@ -64,14 +63,14 @@ _EMPTY_CONTAINERS = {
 # torch's tensor and storage classes, which torch's unpickler lets a
 # pickle call: torch.FloatTensor(N) allocates N uninitialised floats,
 # torch.storage.UntypedStorage(N) N bytes. torch.save never calls them
-# (tensors come from storages through torch._utils._rebuild_*, storages
+# (tensors come from storages through torch's _rebuild_* functions, storages
 # from the archive's records through persistent ids).
 _TENSOR_CLASSES = {
     'torch.Tensor', 'torch.storage.UntypedStorage',
     'torch.storage.TypedStorage'
 } | {
     f'{cls.__module__}.{cls.__name__}'
-    for cls in set(torch._tensor_classes) | set(torch._storage_classes)
+    for cls in tensor_and_storage_classes()
 }
 
 #: What a callable handed a container is charged per item (a pointer: real
@@ -187,7 +186,7 @@ class _Replay:
         elif op == pickle.STOP[0]:
             return False
         elif op == pickle.GLOBAL[0]:
-            module, name = _read_global_instruction(self.readline)
+            module, name = read_global_instruction(self.readline)
             stack.append((0, ('global', f'{module}.{name}')))
         elif op in (pickle.BINUNICODE[0], pickle.SHORT_BINSTRING[0],
                     pickle.LONG1[0]):
@@ -319,6 +318,6 @@ def check_pickles(source: Union[str, bytes]) -> None:
         _check_stored(opened)
         # torch.load's own reader, so the record checked is the one torch
         # unpickles (the archive's 'data.pkl', however the zip is built).
-        reader = torch._C.PyTorchFileReader(opened)
-        if reader.has_record('data.pkl'):
-            _check_pickles(io.BytesIO(reader.get_record('data.pkl')), 1)
+        pickled = archive_record(opened, 'data.pkl')
+        if pickled is not None:
+            _check_pickles(io.BytesIO(pickled), 1)

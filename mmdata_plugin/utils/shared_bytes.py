@@ -1,6 +1,8 @@
 """uint8 tensors over whole storages, and storages born in shared memory."""
 import torch
 
+from .torch_internals import new_shared_storage
+
 
 def storage_bytes(storage: torch.UntypedStorage) -> torch.Tensor:
     """The whole of ``storage`` as a uint8 tensor (no copy)."""
@@ -12,7 +14,7 @@ def new_shared_bytes(nbytes: int) -> torch.Tensor:
 
     torch's public ``share_memory_()`` moves an existing storage into shared
     memory by copying it (and a DataLoader worker's returned tensors are
-    moved so); DataLoader's collate allocates its shared batches with this
-    private constructor for the same reason.
+    moved so); DataLoader's collate allocates its shared batches in shared
+    memory from the start for the same reason.
     """
-    return storage_bytes(torch.UntypedStorage._new_shared(nbytes))
+    return storage_bytes(new_shared_storage(nbytes))

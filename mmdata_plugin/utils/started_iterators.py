@@ -10,9 +10,11 @@ the one the loop would have had.
 import torch
 from mmengine.dataset import InfiniteSampler
 from torch.utils.data import DataLoader
-# The DataLoader iterator base class is private; it identifies the already
-# started iterators to restart.
-from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+from .torch_internals import (forget_started_iterator, held_iterator,
+                              is_dataloader_iterator, rewind_infinite_sampler,
+                              set_held_iterator, shutdown_workers,
+                              started_iterator)
 
 
 def rewind_samplers(loader: DataLoader) -> None:
@@ -27,7 +29,7 @@ def rewind_samplers(loader: DataLoader) -> None:
     batch_sampler = getattr(loader, 'batch_sampler', None)
     for sampler in (loader.sampler, getattr(batch_sampler, 'sampler', None)):
         if isinstance(sampler, InfiniteSampler):
-            sampler.indices = sampler._indices_of_rank()
+            rewind_infinite_sampler(sampler)
     _empty_buckets(batch_sampler)
 
 
@@ -46,27 +48,20 @@ def _empty_buckets(batch_sampler) -> None:
                 bucket.clear()
 
 
-def shutdown_iterator(iterator) -> None:
-    """Stop a DataLoader iterator's workers (if it has any)."""
-    shutdown = getattr(iterator, '_shutdown_workers', None)
-    if shutdown is not None:
-        shutdown()
-
-
 def shutdown_persistent_iterator(loader: DataLoader) -> None:
     """Stop the workers of ``loader``'s persistent iterator and forget it
     (the next ``iter(loader)`` starts new ones)."""
-    persistent = getattr(loader, '_iterator', None)
+    persistent = started_iterator(loader)
     if persistent is not None:
-        shutdown_iterator(persistent)
-        loader._iterator = None
+        shutdown_workers(persistent)
+        forget_started_iterator(loader)
 
 
 def _restartable(iterator) -> bool:
     """Whether ``iterator`` is a pass a restart replaces: a torch iterator,
     or one that says it has handed nothing out (``restartable``: the Ray
     data nodes' stream)."""
-    return isinstance(iterator, _BaseDataLoaderIter) or getattr(
+    return is_dataloader_iterator(iterator) or getattr(
         iterator, 'restartable', False)
 
 
@@ -86,14 +81,11 @@ def restart_started_iterator(loader: DataLoader, loop) -> bool:
     Returns:
         bool: Whether the loop's iterator was replaced.
     """
-    # Touches torch internals (`DataLoader._iterator`, the iterator's
-    # `_shutdown_workers`) and mmengine's `_InfiniteDataloaderIterator.
-    # _iterator`; this is the only place that does.
-    persistent = getattr(loader, '_iterator', None)
+    persistent = started_iterator(loader)
     holder = getattr(loop, 'dataloader_iterator', None)
-    if _restartable(getattr(holder, '_iterator', None)):
-        started, replace = holder._iterator, lambda it: setattr(
-            holder, '_iterator', it)
+    if _restartable(held_iterator(holder)):
+        started, replace = held_iterator(holder), lambda it: \
+            set_held_iterator(holder, it)
     elif _restartable(holder):
         started, replace = holder, lambda it: setattr(
             loop, 'dataloader_iterator', it)
@@ -101,7 +93,7 @@ def restart_started_iterator(loader: DataLoader, loop) -> bool:
         started, replace = None, None
     shutdown_persistent_iterator(loader)
     if started is not None and started is not persistent:
-        shutdown_iterator(started)
+        shutdown_workers(started)
     if started is None:
         return False
     rng_state = torch.get_rng_state()

@@ -10,6 +10,8 @@ from typing import Optional, Tuple
 from mmengine.config import Config, ConfigDict, DictAction
 from mmengine.registry import init_default_scope
 
+from .torch_internals import package_and_cfg_path
+
 SPLITS = ('train', 'val', 'test')
 #: What a user whose environment lacks ``pkg_resources`` must install.
 PKG_RESOURCES_HINT = (
@@ -86,8 +88,7 @@ def resolve_config_path(path: str) -> str:
     """
     if '::' not in path or osp.isfile(path):
         return path
-    from mmengine.config.utils import _get_package_and_cfg_path
-    package, relative = _get_package_and_cfg_path(path)
+    package, relative = package_and_cfg_path(path)
     folder = _module_folder(package, path.split('::')[0])
     if folder is None:
         raise SystemExit(f'{path}: the package {package} is not installed')

@@ -101,6 +101,7 @@ def test_parse_size():
     assert format_size(3 * 2**20) == '3.0 MiB'
 
 
+@pytest.mark.compat
 def test_single_flight_across_processes(tmp_path):
     cache_dir = str(tmp_path / 'store')
     log_path = str(tmp_path / 'produced.log')
@@ -270,6 +271,7 @@ def _fill_randomly(cache_dir, limit, seed, barrier):
         entry.release()
 
 
+@pytest.mark.compat
 def test_budget_never_exceeded_including_inflight(tmp_path):
     cache_dir = str(tmp_path / 'store')
     limit = 30_000
@@ -303,6 +305,7 @@ def test_budget_never_exceeded_including_inflight(tmp_path):
     assert counts['evicted_entries'] > 0 and counts['bypassed'] >= 24
 
 
+@pytest.mark.compat
 def test_restart_reuses_entries(tmp_path):
     cache_dir = str(tmp_path / 'store')
     store = NodeStore(cache_dir, '1MB')

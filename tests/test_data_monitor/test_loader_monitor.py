@@ -97,6 +97,7 @@ def test_a_benchmark_can_count_the_first_batch_of_later_epochs():
             assert throughput['samples_per_s'] is None
 
 
+@pytest.mark.compat
 def test_measure_dataloader_reports_and_restores_the_loader():
     dataset = SleepyDataset(num=24, io_ms=1, pipeline=sleepy_pipeline((1, 2)))
     loader = _loader(dataset, num_workers=2, collate_fn=SleepyCollate(1))
@@ -207,6 +208,7 @@ def test_shared_random_draws_stay_shared_while_timed():
     assert all(same) and len(same) == 64
 
 
+@pytest.mark.compat
 def test_rewinding_loaders_without_a_bucketing_batch_sampler():
     from mmdata_plugin.utils.started_iterators import rewind_samplers
 
@@ -352,7 +354,7 @@ def test_records_keep_their_figures_and_untimed_ones_only_totals():
     dataset = SleepyDataset(num=48, pipeline=sleepy_pipeline((0, 0)))
     loader = _loader(dataset, collate_fn=SleepyCollate(0))
     with DataLoaderMonitor(loader, warmup_iters=0, sample_every=2):
-        raw = iter(loader)._iterator  # the batches with their records
+        raw = iter(loader)._source  # the batches with their records
         records, taken = [], []
         for batch in raw:
             records.append(batch.record)

@@ -50,6 +50,7 @@ def _ray_hook(runner) -> RayDataNodesHook:
     return next(h for h in runner.hooks if isinstance(h, RayDataNodesHook))
 
 
+@pytest.mark.compat
 def test_one_actor_gives_the_batches_of_local_workers(
         cluster, local_batches, tmp_path):
     # block_collate's blocks reach DeviceFeedHook as blocks; the model sees

@@ -61,6 +61,7 @@ def test_every_sample_once_per_epoch_with_padding(block, monkeypatch,
         assert set(seen) == set(range(n))  # a pass covers everything
 
 
+@pytest.mark.compat
 def test_round_up_false_drops_instead(monkeypatch):
     samplers = _ranks(
         RankShardedSampler, 10, 3, monkeypatch, seed=0, round_up=False)
@@ -80,6 +81,7 @@ def test_shuffle_false_is_defaultsampler_order(monkeypatch):
             assert list(ours[rank]) == list(stock)
 
 
+@pytest.mark.compat
 def test_reproducible_and_reshuffled_each_epoch(monkeypatch):
     first = _ranks(RankShardedSampler, 1000, 2, monkeypatch, seed=3)
     again = _ranks(RankShardedSampler, 1000, 2, monkeypatch, seed=3)

@@ -487,7 +487,7 @@ def test_a_finished_pass_is_freed_at_once():
     gc.disable()
     try:
         next(iterator)
-        first_pass = weakref.ref(iterator._iterator)
+        first_pass = weakref.ref(iterator._pass)
         for _ in range(6):  # 6 batches per pass
             next(iterator)
         assert resumer.position.epoch == 1

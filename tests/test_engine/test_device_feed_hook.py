@@ -39,6 +39,7 @@ def reference(tmp_path_factory):
     ('lazy', True, False, 'fork'),
     ('lazy', True, True, 'spawn'),
 ])
+@pytest.mark.compat
 def test_fed_blocks_reach_the_model_unchanged_and_are_measured(
         tmp_path, reference, loop, persistent, pin, start):
     runner = train(tmp_path, loop=loop, persistent=persistent, pin=pin,
@@ -191,6 +192,7 @@ def test_a_fed_fast_resume_run_resumes_bitwise(tmp_path):
     assert resumed.model.seen == reference.model.seen[4:]
 
 
+@pytest.mark.compat
 @pytest.mark.parametrize('loop', ['iter', 'lazy'])
 def test_no_batch_stays_placed_after_training(tmp_path, loop):
     # The loop keeps its iterator after train() (for a later test() or

@@ -1,11 +1,17 @@
 """The fast-resume loops inside real (in-process) mmengine Runners."""
+import json
+import os.path as osp
+import subprocess
+import sys
+
 import pytest
 from fast_resume_toys import (Recorder, ToyIterable, make_runner,
                               recorder_of)
 
 from mmdata_plugin.engine import FastResumeHook
 from mmdata_plugin.sample_order import DataPositionError
-from mmdata_plugin.utils import load_from_local_safely
+from mmdata_plugin.utils import (UnsafeCheckpointError, load_from_local_safely,
+                                 trust_checkpoint)
 
 ITER_LOOP = 'FastResumeIterBasedTrainLoop'
 EPOCH_LOOP = 'FastResumeEpochBasedTrainLoop'
@@ -40,6 +46,7 @@ def test_drop_in_for_the_stock_iter_loop(tmp_path):
         [r['index'] for r in stock.iterations]
 
 
+@pytest.mark.compat
 def test_resume_replays_data_and_training_randomness(tmp_path):
     cfg = dict(type=ITER_LOOP, max_iters=10)
     full, work_dir = train(tmp_path, 'full', cfg)
@@ -68,6 +75,52 @@ def test_stock_loop_checkpoint_resumes(tmp_path):
         resume_from=str(work_dir / 'iter_4.pth'))
     assert [r['index'] for r in ours.iterations] == \
         [r['index'] for r in stock.iterations[4:]]
+
+
+# A stock mmengine run, in a process that never imports mmdata_plugin:
+# its checkpoints are what users of stock mmengine have.
+_STOCK_RUN = """
+import json, pathlib, sys
+sys.path.insert(0, sys.argv[1])
+from fast_resume_toys import make_runner, recorder_of
+runner = make_runner(pathlib.Path(sys.argv[2]),
+                     dict(type='IterBasedTrainLoop', max_iters=6),
+                     num_workers=1)
+runner.train()
+assert not any(name.startswith('mmdata_plugin') for name in sys.modules)
+print(json.dumps([r['index'] for r in recorder_of(runner).iterations]))
+"""
+
+
+@pytest.mark.compat
+def test_stock_mmengine_and_our_checkpoints_resume_with_workers(
+        tmp_path, monkeypatch):
+    """On every torch: a stock mmengine checkpoint (which pickles
+    ``builtins.getattr``) resumes once trusted, one written by our loops
+    without; both with DataLoader workers, both exactly."""
+    monkeypatch.delenv('MMDATA_TRUSTED_CHECKPOINTS', raising=False)
+    stock_dir = tmp_path / 'stock'
+    stock_dir.mkdir()
+    written = subprocess.run(
+        [sys.executable, '-c', _STOCK_RUN,
+         osp.dirname(osp.abspath(__file__)), str(stock_dir)],
+        capture_output=True, text=True, timeout=600)
+    assert written.returncode == 0, written.stderr
+    stock_order = json.loads(written.stdout.strip().splitlines()[-1])
+    stock_checkpoint = str(stock_dir / 'iter_4.pth')
+    cfg = dict(type=ITER_LOOP, max_iters=6)
+    with pytest.raises(UnsafeCheckpointError, match='builtins.getattr'):
+        train(tmp_path, 'refused', cfg, num_workers=1,
+              resume_from=stock_checkpoint)
+    trust_checkpoint(stock_checkpoint)
+    resumed, _ = train(tmp_path, 'from_stock', cfg, num_workers=1,
+                       resume_from=stock_checkpoint)
+    assert [r['index'] for r in resumed.iterations] == stock_order[4:]
+
+    full, work_dir = train(tmp_path, 'ours', cfg, num_workers=1)
+    ours, _ = train(tmp_path, 'from_ours', cfg, num_workers=1,
+                    resume_from=str(work_dir / 'iter_4.pth'))
+    assert ours.iterations == full.iterations[4:]
 
 
 @pytest.mark.parametrize('checkpoint', ['iter_8.pth', 'iter_12.pth'])

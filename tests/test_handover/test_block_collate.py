@@ -68,6 +68,7 @@ def test_an_unknown_collate_is_named():
         block_collate([{}], collate='no_such_collate')
 
 
+@pytest.mark.compat
 def test_the_feeder_unpacks_into_a_device_batch_that_cast_data_passes():
     loader = _loader('segmentation', block_collate)
     fed = list(DeviceFeeder(iter(loader), torch.device('cpu')))

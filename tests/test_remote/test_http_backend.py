@@ -38,6 +38,7 @@ def test_prefixes_route_to_our_backend():
         HTTPBackend)
 
 
+@pytest.mark.compat
 def test_every_object_byte_exact_over_few_connections(objects):
     with LoopbackHTTPServer(objects) as srv:
         for path, data in objects.items():

@@ -24,6 +24,7 @@ def test_s3_prefix_routes_to_our_backend():
     assert isinstance(fileio.get_file_backend('s3://b/k'), S3Backend)
 
 
+@pytest.mark.compat
 def test_every_object_byte_exact(s3):
     args = s3.backend_args(backoff=0.01)
     for key, data in OBJECTS.items():

@@ -15,6 +15,7 @@ from torch.utils.data import DataLoader, Dataset
 
 import mmdata_plugin  # noqa: F401
 from mmdata_plugin.cache import node_store
+from mmdata_plugin.utils.torch_internals import shutdown_workers
 
 HEAD = [
     dict(type='LoadImageFromFile'),
@@ -77,6 +78,6 @@ def run_rank(cache_dir, out_path, paths, kill_on_write=None):
         # (torch's shutdown). Left to the exit of this process, it would be
         # terminated at any point, between publishing an entry and
         # counting it too.
-        batches._shutdown_workers()
+        shutdown_workers(batches)
     with open(out_path, 'w') as file:
         json.dump(out, file)

@@ -137,6 +137,7 @@ def _write_list(tmp_path, count=6):
     return arrays
 
 
+@pytest.mark.compat
 def test_workers_hand_over_shared_memory_from_a_config_pipeline(tmp_path):
     arrays = _write_list(tmp_path)
     loader = TRANSFORMS.build(dict(type='LoadNumpyFromFile', dtype='uint8'))

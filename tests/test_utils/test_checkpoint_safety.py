@@ -23,6 +23,18 @@ from mmdata_plugin.utils import (TRUSTED_CHECKPOINTS_ENV,
                                  UnreadableCheckpointError,
                                  UnsafeCheckpointError, trust_checkpoint)
 from mmdata_plugin.utils.checkpoint_safety import trusted_checkpoints
+from mmdata_plugin.utils import torch_internals
+from mmdata_plugin.utils.torch_internals import unsafe_globals_in_checkpoint
+
+
+@pytest.fixture(
+    autouse=True,
+    params=['torch', 'own'] if torch_internals._TORCH_BINDS_NAMES else ['own'])
+def unpickler(request, monkeypatch):
+    """Each test with torch's weights-only unpickler and again with the one
+    torch < 2.6 loads through, where torch has both."""
+    monkeypatch.setattr(torch_internals, '_TORCH_BINDS_NAMES',
+                        request.param == 'torch')
 
 
 @pytest.fixture(autouse=True)
@@ -30,8 +42,10 @@ def no_trusted_files(monkeypatch):
     monkeypatch.delenv(TRUSTED_CHECKPOINTS_ENV, raising=False)
 
 
+@pytest.mark.compat
 def test_our_checkpoint_round_trips_message_hub(tmp_path):
-    hub = MessageHub.get_instance('checkpoint_safety_test')
+    # One hub per run: the test runs once per unpickler.
+    hub = MessageHub.get_instance(f'checkpoint_safety_test_{tmp_path.name}')
     hub.update_scalar('train/loss', 0.5)
     hub.update_scalar('train/loss', 0.25, count=2)
     hub.update_scalar('train/acc', 3)
@@ -41,9 +55,8 @@ def test_our_checkpoint_round_trips_message_hub(tmp_path):
             message_hub=hub.state_dict(),
             meta=dict(dataset_meta=dict(palette=np.arange(6).reshape(2, 3))),
             state_dict=dict(w=torch.ones(2))), path)
-    # Nothing dangerous in the file: plain torch.load can check it alone.
-    unsafe = torch.serialization.get_unsafe_globals_in_checkpoint(path)
-    assert 'builtins.getattr' not in unsafe
+    # Nothing dangerous in the file: the weights-only rules alone say so.
+    assert 'builtins.getattr' not in unsafe_globals_in_checkpoint(path, [])
 
     loaded = _load_checkpoint(path, map_location='cpu')
     loss = loaded['message_hub']['log_scalars']['train/loss']
@@ -57,6 +70,7 @@ def test_our_checkpoint_round_trips_message_hub(tmp_path):
                                   np.arange(6).reshape(2, 3))
 
 
+@pytest.mark.compat
 def test_malicious_checkpoint_is_refused(tmp_path):
     marker = tmp_path / 'pwned'
     path = str(tmp_path / 'evil.pth')
@@ -70,12 +84,11 @@ def test_malicious_checkpoint_is_refused(tmp_path):
     assert not marker.exists()
 
 
+@pytest.mark.compat
 def test_getattr_gadget_is_refused(tmp_path):
     path = str(tmp_path / 'gadget.pth')
     torch.save(dict(meta=UsesGetattrGadget()), path)
-    assert torch.serialization.get_unsafe_globals_in_checkpoint(path) == [
-        'builtins.getattr'
-    ]
+    assert unsafe_globals_in_checkpoint(path, []) == ['builtins.getattr']
     with pytest.raises(UnsafeCheckpointError) as error:
         CheckpointLoader.load_checkpoint(path)
     assert "outside the safe allow-list: ['builtins.getattr']" in str(
@@ -148,6 +161,7 @@ def _load_in_forked_child(path):
     return status, text
 
 
+@pytest.mark.compat
 @pytest.mark.parametrize('payload', sorted(HOSTILE_PAYLOADS))
 def test_forged_numpy_data_is_refused_without_crashing(payload, tmp_path):
     path = write_hostile_checkpoint(payload, str(tmp_path / 'hostile.pth'))
@@ -159,6 +173,7 @@ def test_forged_numpy_data_is_refused_without_crashing(payload, tmp_path):
     assert 'numpy data numpy itself never writes' in output
 
 
+@pytest.mark.compat
 @pytest.mark.parametrize('as_set_member', [False, True])
 def test_deeply_nested_tuples_are_refused_without_crashing(
         as_set_member, tmp_path):
@@ -220,6 +235,7 @@ def test_bytes_and_bytearrays_as_pickle_writes_them_load(tmp_path):
     assert CheckpointLoader.load_checkpoint(path)['meta'] == content
 
 
+@pytest.mark.compat
 def test_plain_numpy_content_round_trips_as_plain_numpy(tmp_path):
     big_endian = np.arange(4, dtype='>i2').reshape(2, 2)
     shared = np.linspace(0, 1, 5, dtype=np.float32)
@@ -262,6 +278,9 @@ def test_non_numeric_numpy_data_is_refused_unless_trusted(tmp_path):
     assert list(loaded['meta']['classes']) == ['cat', 'dog']
 
 
+@pytest.mark.skipif(
+    not hasattr(torch.serialization, 'get_safe_globals'),
+    reason='torch < 2.4 has no safe-globals list of the user\'s')
 def test_users_safe_globals_survive_a_load(tmp_path):
     path = str(tmp_path / 'numpy.pth')
     torch.save(dict(meta=np.arange(3)), path)
@@ -290,6 +309,7 @@ def test_trusted_list_keeps_urls_whole(tmp_path, monkeypatch):
     assert trusted_checkpoints()[-1] == 'mmcls://net'
 
 
+@pytest.mark.compat
 def test_a_compressed_record_is_refused(tmp_path):
     # torch's reader inflates a deflated data.pkl to the size its header
     # says: here 8 MB of padding after STOP, from a file of ~10 KB.

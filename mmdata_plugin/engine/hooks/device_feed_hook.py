@@ -13,6 +13,8 @@ from mmdata_plugin.handover import (DeviceFeeder, pass_device_batches,
                                     receive_packed)
 from mmdata_plugin.utils.dataloader_slots import (dataloader_class_with_iter,
                                                  rebind_dataloader_attribute)
+from mmdata_plugin.utils.torch_internals import (held_iterator,
+                                                 set_held_iterator)
 
 
 def _fed_iterator(loader: DataLoader, base: type):
@@ -156,11 +158,12 @@ class DeviceFeedHook(Hook):
         # _InfiniteDataloaderIterator) is wrapped where it is held; the
         # workers need no change.
         holder = getattr(loop, 'dataloader_iterator', None)
-        started = getattr(holder, '_iterator', None)
+        started = held_iterator(holder)
         if (started is not None and not isinstance(started, DeviceFeeder)
                 and _feeds_ahead(loader)):
-            holder._iterator = DeviceFeeder(started, device,
-                                            loader._device_feed.on_batch)
+            set_held_iterator(
+                holder,
+                DeviceFeeder(started, device, loader._device_feed.on_batch))
 
     def before_val(self, runner) -> None:
         # Blocks stay packed for the feeder only: validation's batches (its
@@ -181,9 +184,9 @@ class DeviceFeedHook(Hook):
         # The loop keeps its iterator after training: without the feeder,
         # the batch it placed ahead (device memory) is let go.
         holder = getattr(runner.train_loop, 'dataloader_iterator', None)
-        feeder = getattr(holder, '_iterator', None)
+        feeder = held_iterator(holder)
         if isinstance(feeder, DeviceFeeder):
-            holder._iterator = feeder.iterator
+            set_held_iterator(holder, feeder.iterator)
         if self._preprocessor is not None:
             del self._preprocessor.cast_data
             self._preprocessor = None

@@ -21,6 +21,7 @@ from ...remote_cache.prefetch_process import PrefetchProcess, PrefetchSpec
 from ...sample_order.epoch_walk import EpochWalk, iteration_stop
 from ...sample_order.global_order import sample_order_of
 from ...sample_order.node_stream import NodeStream
+from ...utils.torch_internals import started_iterator
 
 
 def node_ranks() -> tuple:
@@ -154,7 +155,7 @@ class RemoteCachePrefetchHook(Hook):
                 "reads with backend_args=dict(backend='node_cache', ...); "
                 'give the hook cache_dir and cache_limit to route them '
                 'through the node cache (docs/remote_cache.md).')
-        if getattr(loader, '_iterator', None) is not None:
+        if started_iterator(loader) is not None:
             raise RuntimeError(
                 'RemoteCachePrefetchHook cannot route the pipeline through '
                 'the node cache: the DataLoader workers already run (a loop '

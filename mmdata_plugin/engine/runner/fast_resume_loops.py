@@ -13,6 +13,8 @@ from torch.utils.data import DataLoader
 
 from ...datasets.rank_sharded_sampler import stock_sampler_advice
 from ...utils.seeding import mix_seed, seed_global_rngs
+from ...utils.torch_internals import (decide_val_interval, diff_rank_seed,
+                                      set_loop_counters)
 from ..hooks.fast_resume_hook import FastResumeHook
 from .data_stream_resumer import DataStreamResumer, describe
 from .resumable_iterator import (ResumableDataloaderIterator,
@@ -25,7 +27,7 @@ _MAIN_PROCESS_STREAM = -1
 
 def _base_seed(runner) -> int:
     """The run's seed before mmengine adds the rank (``diff_rank_seed``)."""
-    if runner._randomness_cfg.get('diff_rank_seed', False):
+    if diff_rank_seed(runner):
         return runner.seed - get_rank()
     return runner.seed
 
@@ -58,15 +60,14 @@ class _FastResumeMixin:
         self.data_resumer.load_checkpoint_meta(meta)
 
     def _fast_forward(self, epoch: Optional[int] = None) -> int:
-        """Position the data stream at ``self._iter``.
+        """Position the data stream at ``self.iter``.
 
         Returns:
             int: Batches the loop must still load and drop (only for
             streams that cannot be positioned).
         """
         report = self.data_resumer.resume(
-            self._iter, epoch,
-            self.runner._randomness_cfg.get('diff_rank_seed', False))
+            self.iter, epoch, diff_rank_seed(self.runner))
         self.resume_report = report
         if report is None:
             return 0
@@ -90,7 +91,7 @@ class _FastResumeMixin:
         # so a resumed run draws what the uninterrupted one drew.
         if self.seed_per_iter:
             seed_global_rngs(
-                mix_seed(self.runner.seed, _MAIN_PROCESS_STREAM, self._iter),
+                mix_seed(self.runner.seed, _MAIN_PROCESS_STREAM, self.iter),
                 all_devices=True)
 
 
@@ -169,12 +170,10 @@ class FastResumeIterBasedTrainLoop(_FastResumeMixin, IterBasedTrainLoop):
         # even read; so only BaseLoop.__init__ runs and the same attributes
         # are set here.
         BaseLoop.__init__(self, runner, dataloader)
-        self._max_iters = int(max_iters)
-        assert self._max_iters == max_iters, \
+        set_loop_counters(
+            self, max_iters=int(max_iters), max_epochs=1, epoch=0, iter=0)
+        assert self.max_iters == max_iters, \
             f'`max_iters` should be a integer number, but get {max_iters}'
-        self._max_epochs = 1
-        self._epoch = 0
-        self._iter = 0
         self.val_begin = val_begin
         self.val_interval = val_interval
         self.stop_training = False
@@ -209,17 +208,17 @@ class FastResumeIterBasedTrainLoop(_FastResumeMixin, IterBasedTrainLoop):
                 '`before_train_iter`.')
         for _ in range(self._fast_forward()):
             next(self.dataloader_iterator)
-        while self._iter < self._max_iters and not self.stop_training:
+        while self.iter < self.max_iters and not self.stop_training:
             self.runner.model.train()
             self._seed_iteration()
             data_batch = next(self.dataloader_iterator)
             self.run_iter(data_batch)
 
-            self._decide_current_val_interval()
+            decide_val_interval(self)
             if (self.runner.val_loop is not None
-                    and self._iter >= self.val_begin
-                    and (self._iter % self.val_interval == 0
-                         or self._iter == self._max_iters)):
+                    and self.iter >= self.val_begin
+                    and (self.iter % self.val_interval == 0
+                         or self.iter == self.max_iters)):
                 self.runner.val_loop.run()
 
         self.runner.call_hook('after_train_epoch')
@@ -280,18 +279,18 @@ class FastResumeEpochBasedTrainLoop(_FastResumeMixin, EpochBasedTrainLoop):
         for idx, data_batch in self._epoch_batches(first, drop):
             self.run_iter(idx, data_batch)
         # A checkpoint saved from here on (by epoch) starts the next epoch.
-        self.data_resumer.position.start_epoch(self._epoch + 1)
+        self.data_resumer.position.start_epoch(self.epoch + 1)
         self.runner.call_hook('after_train_epoch')
-        self._epoch += 1
+        set_loop_counters(self, epoch=self.epoch + 1)
 
     def _enter_epoch(self) -> Tuple[int, int]:
         """Index of the epoch's first batch to train, and batches to drop."""
         position = self.data_resumer.position
         if self._positioned:
-            position.start_epoch(self._epoch)
+            position.start_epoch(self.epoch)
             return 0, 0
         self._positioned = True
-        drop = self._fast_forward(self._epoch)
+        drop = self._fast_forward(self.epoch)
         return position.batches_in_epoch + drop, drop
 
     def _epoch_batches(self, first: int,

@@ -51,26 +51,26 @@ class ResumableDataloaderIterator:
         self._dataloader = dataloader
         self._position = position
         self._epoch_transition_sleep = epoch_transition_sleep
-        self._iterator = None
+        self._pass = None
 
     @property
     def started(self) -> bool:
         """Whether the DataLoader iterator exists (workers may run)."""
-        return self._iterator is not None
+        return self._pass is not None
 
     def __iter__(self):
         return self
 
     def __next__(self) -> Sequence[dict]:
-        if self._iterator is None:
-            self._iterator = new_dataloader_iterator(self._dataloader)
+        if self._pass is None:
+            self._pass = new_dataloader_iterator(self._dataloader)
         # Not `except StopIteration`: the next pass must not start while an
         # exception is handled. Code that catches one inside the sampler's
         # generator (numpy's seeding does) can leave the generator holding
         # the handled exception, whose traceback holds this frame and the
         # DataLoader iterator: a cycle, and worker processes that only
         # stop when the garbage collector finds it.
-        data = next(self._iterator, _END_OF_PASS)
+        data = next(self._pass, _END_OF_PASS)
         if data is _END_OF_PASS:
             print_log(
                 'Reach the end of the dataloader, it will be restarted and '
@@ -82,7 +82,7 @@ class ResumableDataloaderIterator:
             self._position.start_epoch(self._position.epoch + 1)
             set_sampler_epoch(self._dataloader, self._position.epoch)
             time.sleep(self._epoch_transition_sleep)
-            self._iterator = new_dataloader_iterator(self._dataloader)
-            data = next(self._iterator)
+            self._pass = new_dataloader_iterator(self._dataloader)
+            data = next(self._pass)
         self._position.advance()
         return data
