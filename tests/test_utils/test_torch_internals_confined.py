@@ -77,7 +77,12 @@ def _python_files(*roots: pathlib.Path) -> Iterator[pathlib.Path]:
         if root.is_file():
             yield root
         elif root.is_dir():
-            yield from sorted(root.rglob('*.py'))
+            # Not mmdata_plugin/.mim: the copies of tools/ and configs/ an
+            # install puts there for `mim train` are no modules of ours.
+            yield from sorted(
+                path for path in root.rglob('*.py')
+                if not any(part.startswith('.')
+                           for part in path.relative_to(root).parts))
 
 
 def _defined_names(tree: ast.AST) -> Set[str]:
