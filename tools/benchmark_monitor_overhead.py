@@ -1,10 +1,13 @@
 # What the data monitor costs: loader throughput with and without it, the
-# per-sample cost in one process and the per-step cost in the training
-# process, on a cheap pipeline and on a config's (the demo's by default).
+# per-sample cost in one process, the per-step cost in the training
+# process and the hook's whole cost at steady state (report refreshes
+# included), on a cheap pipeline and on a config's (the demo's by default).
 import argparse
+import logging
 import os
 import os.path as osp
 import statistics
+import tempfile
 import time
 from types import SimpleNamespace
 from typing import Callable, Dict, Iterator, List, Optional, Tuple
@@ -54,7 +57,12 @@ def parse_args():
         'monitored loader taking turns batch by batch, rounds of K batch '
         'pairs (K: the sampling interval, one timed batch per round), median '
         'of the rounds\' differences in thread CPU time; (3) per step in the '
-        'training process: DataMonitorHook replaying recorded batches.')
+        'training process: DataMonitorHook replaying recorded batches; (4) '
+        'steady state: one DataMonitorHook (the config\'s arguments, tables '
+        'and JSON refreshes included) on one long-lived worker-less loader '
+        'read past the sampling ramp, then chunks alternating with a plain '
+        'loader: CPU per sample of the process, and the longest '
+        'after_train_iter call.')
     parser.add_argument(
         '--cases',
         nargs='+',
@@ -90,6 +98,24 @@ def parse_args():
         type=int,
         default=15,
         help='rounds of the in-process per-sample measurements (0: skip)')
+    parser.add_argument(
+        '--steady-rounds',
+        type=int,
+        default=15,
+        help='rounds (plain, monitored, monitored, plain) of the steady-state '
+        'measurement (0: skip)')
+    parser.add_argument(
+        '--steady-batches',
+        type=int,
+        default=64,
+        help='batches per chunk of the steady-state measurement')
+    parser.add_argument(
+        '--steady-warmup',
+        type=int,
+        default=4096,
+        help='most batches read to get past the sampling ramp (the '
+        'interval K doubles every 8 timed batches up to 256: about 2,600 '
+        'batches)')
     parser.add_argument(
         '--cfg-options',
         nargs='+',
@@ -520,6 +546,109 @@ def per_step(loader: DataLoader,
     return statistics.median(runs)
 
 
+def steady_state(build: Callable[[int], DataLoader], hook_args: dict,
+                 args) -> dict:
+    """What DataMonitorHook with ``hook_args`` (tables and JSON refreshes
+    included, no PNG) costs once the timed batches have thinned out.
+
+    One hook on one long-lived worker-less loader, called around every
+    batch as a training loop calls it, on a stand-in runner (what
+    ``before_train`` and the refreshes read of a Runner; the log goes to a
+    file), is read past the sampling ramp; then chunks alternate with a
+    plain loader on the same samples (plain, monitored, monitored, plain
+    per round). A monitored chunk ends when the report writer has done
+    what the chunk handed it (the hook's private ``_writer``: a
+    benchmark-only shortcut), so the process CPU time of the chunk (every
+    thread: no DataLoader workers) holds the whole cost, amortised over
+    the run as over the chunks: (monitored - plain) summed over the
+    rounds, per sample. Also the longest single ``after_train_iter`` call
+    (wall time) after the ramp, and the longest that refreshed.
+    """
+    loaders = {m: build(0) for m in MODES}
+    hook = DataMonitorHook(**dict(hook_args, plot=False))
+    log_dir = tempfile.mkdtemp(prefix='benchmark_monitor_')
+    logger = logging.getLogger('benchmark_monitor_steady')
+    logger.propagate = False
+    logger.setLevel(logging.INFO)
+    handler = logging.FileHandler(osp.join(log_dir, 'train.log'))
+    logger.addHandler(handler)
+    runner = SimpleNamespace(
+        iter=0,
+        max_iters=10**9,
+        logger=logger,
+        log_dir=log_dir,
+        cfg=Config(),
+        hooks=[LoggerHook(interval=10)],
+        model=SimpleNamespace(),
+        message_hub=MessageHub.get_instance('benchmark_monitor_steady'),
+        visualizer=SimpleNamespace(add_scalars=lambda *a, **k: None),
+        train_loop=SimpleNamespace(dataloader=loaders['monitored']),
+        train_dataloader=loaders['monitored'])
+    hook.before_train(runner)
+    longest = dict(call=0.0, refresh=0.0)
+
+    def hooked(iterator: Iterator) -> Iterator:
+        while True:
+            batch = next(iterator)
+            index = runner.iter
+            hook.before_train_iter(runner, index, batch)
+            start = time.perf_counter()
+            hook.after_train_iter(runner, index, batch)
+            spent = time.perf_counter() - start
+            longest['call'] = max(longest['call'], spent)
+            if hook.table_interval and hook.every_n_train_iters(
+                    runner, hook.table_interval):
+                longest['refresh'] = max(longest['refresh'], spent)
+            runner.iter += 1
+            yield batch
+
+    iterators = dict(
+        plain=iter(loaders['plain']),
+        monitored=hooked(iter(loaders['monitored'])))
+    try:
+        take(iterators['plain'], args.warmup)
+        every = settle_sampling(iterators['monitored'], args.steady_warmup)
+        hook._writer.flush()
+        longest.update(call=0.0, refresh=0.0)
+        refreshes = runner.iter // hook.table_interval if (
+            hook.table_interval) else 0
+        cpu = {m: [] for m in MODES}
+        wall = {m: 0.0 for m in MODES}
+        samples = {m: 0 for m in MODES}
+        for _ in range(args.steady_rounds):
+            spent = {m: 0.0 for m in MODES}
+            for mode in ROUND:
+                start, clock = time.process_time(), time.perf_counter()
+                samples[mode] += take(iterators[mode], args.steady_batches)
+                if mode == 'monitored':
+                    hook._writer.flush()
+                spent[mode] += time.process_time() - start
+                wall[mode] += time.perf_counter() - clock
+            for mode in MODES:
+                cpu[mode].append(spent[mode])
+        refreshes = (runner.iter // hook.table_interval - refreshes if (
+            hook.table_interval) else 0)
+    finally:
+        hook.after_train(runner)
+        logger.removeHandler(handler)
+        handler.close()
+    per_round = [(m - p) / (2 * args.steady_batches * loaders['plain'].
+                            batch_size)
+                 for m, p in zip(cpu['monitored'], cpu['plain'])]
+    return dict(
+        every=every,
+        refreshes=refreshes,
+        batches=samples['monitored'] // loaders['plain'].batch_size,
+        plain_us=1e6 * sum(cpu['plain']) / samples['plain'],
+        cpu_us=1e6 * (sum(cpu['monitored']) / samples['monitored'] -
+                      sum(cpu['plain']) / samples['plain']),
+        spread=quartiles([1e6 * c for c in per_round], '{:+.2f}'),
+        wall_us=1e6 * (wall['monitored'] / samples['monitored'] -
+                       wall['plain'] / samples['plain']),
+        longest_ms=1e3 * longest['call'],
+        refresh_ms=1e3 * longest['refresh'])
+
+
 def measure(name: str, build: Callable[[int], DataLoader], hook_args: dict,
             args) -> dict:
     probe = build(0)
@@ -582,6 +711,20 @@ def measure(name: str, build: Callable[[int], DataLoader], hook_args: dict,
                           if key != 'table_interval')
         print(f'  per step in the training process, DataMonitorHook({shown})'
               f" without its tables: {row['step_us']:.1f} us CPU")
+    if args.steady_rounds:
+        steady = steady_state(build, hook_args, args)
+        shown = ', '.join(f'{key}={value!r}'
+                          for key, value in hook_args.items())
+        print(f'  steady state, DataMonitorHook({shown}) past the sampling '
+              f"ramp (K={steady['every']}), {args.steady_rounds} rounds of "
+              f"{args.steady_batches}-batch chunks, {steady['batches']} "
+              f"monitored batches, {steady['refreshes']} refreshes: "
+              f"{steady['cpu_us']:+.2f} us CPU per sample of "
+              f"{steady['plain_us']:.1f} us (IQR of the rounds "
+              f"{steady['spread']} us), wall {steady['wall_us']:+.2f} us; "
+              f"longest after_train_iter {steady['longest_ms']:.3f} ms, "
+              f"longest refreshing one {steady['refresh_ms']:.3f} ms")
+        row.update(steady_us=steady['cpu_us'], longest_ms=steady['longest_ms'])
     return row
 
 
@@ -594,7 +737,8 @@ def main():
     print('\ncase   throughput ratio (IQR)       CPU ratio  '
           'sample (one process)  monitor per sample: accounted (K)  '
           'measured (IQR)             per batch, zero-cost samples  '
-          'per step (training process)')
+          'per step (training process)  steady state: per sample  '
+          'longest after_train_iter')
     for row in rows:
         cpu = f"{row['cpu']:.3f}" if row['cpu'] is not None else '-'
         line = (f"{row['case']:<6} {row['ratio']:.3f} ({row['spread']}) "
@@ -607,6 +751,9 @@ def main():
                      f"{row['noise_us']:+.2f} us)   "
                      f"{row['floor_us']:>6.2f} us                  "
                      f"{row['step_us']:>6.1f} us CPU")
+        if 'steady_us' in row:
+            line += (f"                 {row['steady_us']:>+6.2f} us"
+                     f"              {row['longest_ms']:.3f} ms")
         print(line)
     print('Throughput: samples/s per round of interleaved chunks, median and '
           'IQR of the rounds. Monitor per sample, accounted: what the '
@@ -620,7 +767,11 @@ def main():
           'includes what the accounting leaves out (CPU caches the monitor '
           'cools), and the noise of the machine: its IQR, and the same '
           'measured between two plain loaders (plain/plain), which differ '
-          'by nothing but that noise.')
+          'by nothing but that noise. Steady state: the whole hook with the '
+          'config\'s arguments (tables and JSON refreshes included), past '
+          'the sampling ramp, process CPU (all threads) per sample, '
+          'monitored minus plain chunks; longest after_train_iter: wall '
+          'time of one call, refreshes included.')
 
 if __name__ == '__main__':
     main()

@@ -473,9 +473,25 @@ class DataLoaderMonitor:
                 default, ``self.window`` for the span since
                 :meth:`take_window`.
         """
+        return self.deferred_summary(book)()
+
+    def deferred_summary(self,
+                         book: Optional[StatsBook] = None,
+                         copy: bool = True) -> Callable[[], dict]:
+        """:meth:`summary`, made when the returned function is called.
+
+        What it needs is copied now, in well under a millisecond, and
+        summarised later on any thread while this monitor goes on counting
+        (DataMonitorHook's report writer).
+
+        Args:
+            book (StatsBook, optional): As for :meth:`summary`.
+            copy (bool): Copy the book; False for one that is counted no
+                more. Defaults to True.
+        """
         book = self.total if book is None else book
-        summary = book.summary()
-        summary.update(
+        figures = book.copy() if copy else book
+        parts = dict(
             skipped=self.skipped,
             startup=dict(
                 count=self.startup.wait.seen,
@@ -483,13 +499,24 @@ class DataLoaderMonitor:
             timeline=list(self.timeline) if book is self.total else [],
             context=loader_context(self.dataloader),
             pipelines=self.instrumentation.pipelines)
-        return summary
 
-    def take_window(self) -> dict:
-        """The summary of the span since the last call; starts a new one."""
-        summary = self.summary(self.window)
+        def summarise() -> dict:
+            summary = figures.summary()
+            summary.update(parts)
+            return summary
+
+        return summarise
+
+    def take_window(self, deferred: bool = False):
+        """The summary of the span since the last call; starts a new one.
+
+        Args:
+            deferred (bool): Return it as :meth:`deferred_summary` does.
+                Defaults to False.
+        """
+        summarise = self.deferred_summary(self.window, copy=False)
         self._window = StatsBook(capacity=1024)
-        return summary
+        return summarise if deferred else summarise()
 
     def report(self,
                rank_summaries: Optional[List[dict]] = None,

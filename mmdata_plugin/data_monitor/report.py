@@ -196,12 +196,57 @@ def format_report(report: dict, rank: Optional[int] = None) -> str:
     return '\n\n'.join(parts)
 
 
-def save_report(report: dict, path: str) -> None:
-    """Write ``report`` as JSON (atomically: readers never see half)."""
+def encode_report(report: dict, cache: Optional[dict] = None) -> str:
+    """``report`` as JSON text: what ``json.dumps(report)`` returns.
+
+    Args:
+        report (dict): A report (see :func:`build_report`).
+        cache (dict, optional): Kept by the caller between calls on the
+            reports of one run: timeline points, most of a long run's
+            report, never change once made, so each is encoded once (the
+            C encoder runs only without ``indent``; a point found in the
+            cache is compared, not trusted).
+    """
+    if cache is None:
+        return json.dumps(report)
+    timelines = {}
+    ranks = []
+    for rank in report['ranks']:
+        marker = f"\0timeline of rank {rank['rank']}"
+        timelines[json.dumps(marker)] = (rank['rank'], rank['timeline'])
+        ranks.append(dict(rank, timeline=marker))
+    text = json.dumps(dict(report, ranks=ranks))
+    used = {}
+    for marker, (rank, points) in timelines.items():
+        encoded = []
+        for point in points:
+            key = (rank, point['step'], point['steps'])
+            hit = cache.get(key)
+            if hit is None or hit[0] != point:
+                hit = (point, json.dumps(point))
+            used[key] = hit
+            encoded.append(hit[1])
+        text = text.replace(marker, f"[{', '.join(encoded)}]", 1)
+    cache.clear()
+    cache.update(used)
+    return text
+
+
+def save_report(report: dict,
+                path: str,
+                cache: Optional[dict] = None) -> None:
+    """Write ``report`` as JSON (atomically: readers never see half).
+
+    Args:
+        report (dict): A report (see :func:`build_report`).
+        path (str): The JSON file.
+        cache (dict, optional): See :func:`encode_report`.
+    """
+    text = encode_report(report, cache)
     os.makedirs(osp.dirname(osp.abspath(path)), exist_ok=True)
     tmp = f'{path}.tmp'
     with open(tmp, 'w') as f:
-        json.dump(report, f, indent=1)
+        f.write(text)
     os.replace(tmp, path)
 
 

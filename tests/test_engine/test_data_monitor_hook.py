@@ -7,6 +7,8 @@ without the hook: the model must get the very same batches.
 import glob
 import json
 import os.path as osp
+import threading
+import time
 
 import pytest
 from helpers import DEMO_CONFIG, REPO_ROOT, TRAIN_SCRIPT, quick_cfg_options
@@ -359,3 +361,25 @@ def test_two_rank_run_names_the_slowed_rank(tmp_path, train_env):
     assert verdict['bottleneck'] == '01_SlowOnRank'
     assert '(rank 1, the worst of 2)' in out
     assert 'Rank 1 is starved' in out
+
+
+def test_refreshes_are_written_beside_training_and_after_train_waits(
+        tmp_path, monkeypatch):
+    from mmdata_plugin.engine.hooks import data_monitor_hook
+    writes = []
+    save = data_monitor_hook.save_report
+
+    def slow_save(report, path, cache=None):
+        main = threading.current_thread() is threading.main_thread()
+        if not main:  # a slow disk: after_train must wait for it
+            time.sleep(0.3)
+        save(report, path, cache)
+        writes.append((report['context']['iteration'], main))
+
+    monkeypatch.setattr(data_monitor_hook, 'save_report', slow_save)
+    runner = train(
+        tmp_path, max_iters=6, num_workers=0, hook=dict(table_interval=2))
+    # Refreshes at iterations 2, 4, 6 on the writer thread, all done before
+    # after_train's final write on the training thread.
+    assert writes == [(1, False), (3, False), (5, False), (6, True)]
+    assert _report(runner)['context']['iteration'] == 6

@@ -41,7 +41,8 @@ def test_overhead_benchmark_prints_the_median_ratio(demo_root, train_env):
     out = run_command([
         sys.executable, BENCHMARK, '--data-root', demo_root, '--rounds', '1',
         '--chunk-seconds', '0.02', '--warmup', '2', '--process-rounds', '2',
-        '--cfg-options', 'train_dataloader.batch_size=4'
+        '--steady-rounds', '1', '--steady-batches', '3', '--steady-warmup',
+        '4', '--cfg-options', 'train_dataloader.batch_size=4'
     ],
                       env=train_env).stdout
     assert 'cheap: batch_size=32, 2 workers per loader; 1 rounds' in out
@@ -73,9 +74,18 @@ def test_overhead_benchmark_prints_the_median_ratio(demo_root, train_env):
         r'batch pairs: [-+\d.]+ us of [\d.]+ us \(IQR [-+\d.]+\.\.'
         r'[-+\d.]+ us\); two plain loaders the same way: [-+\d.]+ us '
         r'\(IQR [-+\d.]+\.\.[-+\d.]+ us\)$', out, re.M)) == 2
+    # The whole hook at steady state (here: a few batches past 4).
+    assert len(re.findall(
+        r'^  steady state, DataMonitorHook\(.*\) past the sampling ramp '
+        r'\(K=\d+\), 1 rounds of 3-batch chunks, 6 monitored batches, \d+ '
+        r'refreshes: [-+\d.]+ us CPU per sample of [\d.]+ us \(IQR of the '
+        r'rounds [-+\d.]+\.\.[-+\d.]+ us\), wall [-+\d.]+ us; longest '
+        r'after_train_iter [\d.]+ ms, longest refreshing one [\d.]+ ms$',
+        out, re.M)) == 2, out
     for case in ('cheap', 'demo'):
         assert re.search(
             rf'^{case} +\d+\.\d{{3}} \(\d+\.\d{{3}}\.\.\d+\.\d{{3}}\) '
             r'>=0\.99 +\d+\.\d{3} +[\d.]+ us +[-\d.]+ us \(K=\d+ *\) +'
             r'[-+\d.]+ us \([-+\d.]+\.\.[-+\d.]+ us; plain/plain '
-            r'[-+\d.]+ us\) +[-\d.]+ us +[\d.]+ us CPU$', out, re.M), out
+            r'[-+\d.]+ us\) +[-\d.]+ us +[\d.]+ us CPU +[-+\d.]+ us +'
+            r'[\d.]+ ms$', out, re.M), out

@@ -5,6 +5,7 @@ import os.path as osp
 import time
 from typing import Optional
 
+import torch.distributed as torch_dist
 from mmengine.config import Config
 from mmengine.dist import all_gather_object, get_rank, get_world_size
 from mmengine.hooks import Hook, LoggerHook
@@ -19,6 +20,7 @@ from mmdata_plugin.data_monitor import (DataLoaderMonitor, build_report,
                                         plot_report, save_report)
 from mmdata_plugin.data_monitor.head_cache import add_head_cache
 from mmdata_plugin.data_monitor.remote_cache import add_remote_cache
+from mmdata_plugin.data_monitor.report_writer import ReportWriter
 from mmdata_plugin.data_monitor.worker_timing import MonitoredBatch
 
 #: Environment variable read by :func:`apply_data_monitor_env`.
@@ -50,6 +52,10 @@ class DataMonitorHook(Hook):
     per-worker table every ``table_interval`` iterations; at the end a
     summary with verdict and advice in the log, ``data_monitor.json`` and
     ``data_monitor.png`` in ``out_dir`` (the run's log dir by default).
+    The tables and the JSON file of ``table_interval`` are made on a
+    thread of their own: the training thread only copies the figures
+    (well under a millisecond). Files are replaced atomically: a run that
+    is killed leaves the last complete report.
     Warm-up steps and steps right after a restart of the loader, a
     validation or a checkpoint save are not counted. With several ranks the
     figures of all ranks are gathered and the worst rank is judged.
@@ -114,6 +120,10 @@ class DataMonitorHook(Hook):
         self._waited = self._busy = self._worker_sum = 0.0
         self._warned_blind = False
         self._preprocessor = None
+        self._writer: Optional[ReportWriter] = None
+        self._group = None
+        # Timeline points encoded by earlier writes (see encode_report).
+        self._encoded: dict = {}
 
     # ------------------------------------------------------------ train
     def before_train(self, runner) -> None:
@@ -131,6 +141,12 @@ class DataMonitorHook(Hook):
         self._start_log_interval(runner)
         self.monitor = DataLoaderMonitor(loader, **self.monitor_args)
         self.monitor.install(loop=loop)
+        self._writer = ReportWriter()
+        # The writer gathers all ranks' figures beside training, whose own
+        # collectives (DDP's all-reduce) use the default group: two
+        # threads must not share a group.
+        if get_world_size() > 1:
+            self._group = torch_dist.new_group(backend='gloo')
         self._time_preprocessor(runner)
         pipelines = self.monitor.instrumentation.pipelines
         # RayDataNodesHook: the actors make the batches (their stages are
@@ -277,23 +293,30 @@ class DataMonitorHook(Hook):
         if (self.monitor is None or not self.table_interval
                 or not self.every_n_train_iters(runner, self.table_interval)):
             return
-        report, windows = self._gather_report(runner, with_window=True)
-        if get_rank() == 0:
-            worst = report['verdict'].get('worst_rank', 0)
-            tables = [
-                format_worker_table(
-                    windows[worst],
-                    f'DataMonitor at iteration {runner.iter + 1}, rank '
-                    f'{worst}, last {windows[worst]["steps"]} counted '
-                    'steps (ms per batch):')
-            ]
-            if len(windows) > 1:
-                tables.append(format_rank_table(report))
-            runner.logger.info('\n' + '\n'.join(tables) + '\n' +
-                               report['verdict']['summary'])
-            save_report(report, self._path(runner, 'json'))
-        # Gathering and writing is not the model's compute time.
+        self._writer.submit(self._refresh, runner,
+                            self._snapshot(runner, with_window=True))
+        # Copying the figures is not the model's compute time.
         self.monitor.mark_pause(settle=False)
+
+    def _refresh(self, runner, snapshot: dict) -> None:
+        """Log the window's tables and rewrite the JSON file (on the
+        writer's thread)."""
+        report, windows = self._gather_report(snapshot)
+        if get_rank() != 0:
+            return
+        worst = report['verdict'].get('worst_rank', 0)
+        tables = [
+            format_worker_table(
+                windows[worst],
+                f"DataMonitor at iteration {snapshot['iteration'] + 1}, rank "
+                f'{worst}, last {windows[worst]["steps"]} counted '
+                'steps (ms per batch):')
+        ]
+        if len(windows) > 1:
+            tables.append(format_rank_table(report))
+        runner.logger.info('\n' + '\n'.join(tables) + '\n' +
+                           report['verdict']['summary'])
+        save_report(report, self._path(runner, 'json'), self._encoded)
 
     # ------------------------------------------------------------ pauses
     def before_val(self, runner) -> None:
@@ -308,7 +331,11 @@ class DataMonitorHook(Hook):
     def after_train(self, runner) -> None:
         if self.monitor is None:
             return
-        report, _ = self._gather_report(runner)
+        self._writer.close()
+        report, _ = self._gather_report(self._snapshot(runner))
+        if self._group is not None:
+            torch_dist.destroy_process_group(self._group)
+            self._group = None
         self.monitor.uninstall()
         if self._preprocessor is not None:
             del self._preprocessor.forward
@@ -316,33 +343,45 @@ class DataMonitorHook(Hook):
         if get_rank() != 0:
             return
         json_path = self._path(runner, 'json')
-        save_report(report, json_path)
+        save_report(report, json_path, self._encoded)
         outputs = json_path
         if self.plot:
             outputs += ', ' + plot_report(report, self._path(runner, 'png'))
         runner.logger.info('\n' + format_report(report) +
                            f'\nDataMonitor report written to {outputs}')
 
-    def _gather_report(self, runner, with_window: bool = False):
+    def _snapshot(self, runner, with_window: bool = False) -> dict:
+        """What a report is made of, copied on the training thread; the
+        figures are computed by :meth:`_gather_report`, on any thread."""
+        dataset = runner.train_loop.dataloader.dataset
+        return dict(
+            total=self.monitor.deferred_summary(),
+            window=(self.monitor.take_window(deferred=True)
+                    if with_window else None),
+            iteration=runner.iter,
+            max_iters=runner.max_iters,
+            dataset=dataset,
+            pipeline=runner.cfg.get('train_dataloader', {}).get(
+                'dataset', {}).get('pipeline'),
+            batches=runner.iter * int(
+                os.environ.get('LOCAL_WORLD_SIZE', get_world_size())))
+
+    def _gather_report(self, snapshot: dict):
         """The report of all ranks, and their window summaries (or None).
 
-        A collective: every rank calls it at the same iteration.
+        A collective: every rank calls it for the same iteration.
         """
         rank = get_rank()
-        mine = dict(total=dict(self.monitor.summary(), rank=rank))
-        if with_window:
-            mine['window'] = dict(self.monitor.take_window(), rank=rank)
-        gathered = all_gather_object(mine)
+        mine = dict(total=dict(snapshot['total'](), rank=rank))
+        if snapshot['window'] is not None:
+            mine['window'] = dict(snapshot['window'](), rank=rank)
+        gathered = all_gather_object(mine, group=self._group)
         report = build_report([g['total'] for g in gathered],
                               world_size=get_world_size(),
-                              iteration=runner.iter,
-                              max_iters=runner.max_iters)
-        add_head_cache(report, runner.train_loop.dataloader.dataset,
-                       runner.cfg.get('train_dataloader', {}).get(
-                           'dataset', {}).get('pipeline'))
-        add_remote_cache(report, runner.train_loop.dataloader.dataset,
-                         runner.iter * int(os.environ.get(
-                             'LOCAL_WORLD_SIZE', get_world_size())))
+                              iteration=snapshot['iteration'],
+                              max_iters=snapshot['max_iters'])
+        add_head_cache(report, snapshot['dataset'], snapshot['pipeline'])
+        add_remote_cache(report, snapshot['dataset'], snapshot['batches'])
         return report, [g.get('window') for g in gathered]
 
     def _path(self, runner, extension: str) -> str:
