@@ -209,3 +209,33 @@ class DetProbeHook(Hook):
             loss=outputs['loss'].item())
         with open(osp.join(runner.work_dir, 'probe.jsonl'), 'a') as file:
             file.write(json.dumps(record) + '\n')
+
+
+@HOOKS.register_module()
+class SampleProbeHook(Hook):
+    """One JSON line per iteration for any OpenMMLab batch (mmdet's
+    ``DetDataSample``, mmpretrain's ``DataSample``): files, flips, labels,
+    boxes and pixels. No loss: real models draw from torch's global RNG
+    (proposal sampling), which mmengine's checkpoints do not restore, so only
+    the batches are expected to match bitwise after a resume."""
+
+    def after_train_iter(self, runner, batch_idx, data_batch=None,
+                         outputs=None):
+        samples = data_batch['data_samples']
+        labels = []
+        for s in samples:
+            if 'gt_instances' in s:
+                labels.append(
+                    dict(labels=s.gt_instances.labels.tolist(),
+                         boxes=s.gt_instances.bboxes.tensor.tolist()))
+            else:
+                labels.append(dict(labels=s.gt_label.tolist()))
+        record = dict(
+            iter=runner.iter,
+            img_path=[osp.basename(s.img_path) for s in samples],
+            flip=[bool(s.metainfo.get('flip')) for s in samples],
+            labels=labels,
+            pixels=[hashlib.sha1(img.cpu().numpy().tobytes()).hexdigest()
+                    for img in data_batch['inputs']])
+        with open(osp.join(runner.work_dir, 'probe.jsonl'), 'a') as file:
+            file.write(json.dumps(record) + '\n')
