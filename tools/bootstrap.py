@@ -75,13 +75,16 @@ def present_distributions() -> dict:
     }
 
 
+#: ``{module: canonical names of the distributions that ship it}``.
+MODULE_DISTRIBUTIONS = {
+    module: {canonical(dist) for dist in dists}
+    for module, dists in STACK.MODULE_DISTRIBUTIONS.items()
+}
+
+
 def protected(name: str) -> bool:
-    stack_names = {
-        canonical(dist)
-        for dists in STACK.MODULE_DISTRIBUTIONS.values() for dist in dists
-    }
-    return (name in stack_names or name in PINNED_ALSO
-            or name.startswith('nvidia-'))
+    return (any(name in dists for dists in MODULE_DISTRIBUTIONS.values())
+            or name in PINNED_ALSO or name.startswith('nvidia-'))
 
 
 def has_module(name: str) -> bool:
@@ -123,13 +126,12 @@ def requirements_of(distribution: str) -> list:
     importlib.invalidate_caches()
     kept = []
     for text in importlib.metadata.requires(distribution) or []:
-        if 'extra ==' in text.replace('"', ' ').replace("'", ' ') or (
-                'extra==' in text):
+        if re.search(r'\bextra\s*==', text):
             continue
         name = canonical(re.match(r'[A-Za-z0-9._-]+', text).group(0))
         ships = [
-            module for module, dists in STACK.MODULE_DISTRIBUTIONS.items()
-            if name in {canonical(dist) for dist in dists}
+            module for module, dists in MODULE_DISTRIBUTIONS.items()
+            if name in dists
         ]
         if ships and has_module(ships[0]):
             print(f'{distribution} asks for {text}; a {ships[0]} module is '
@@ -169,8 +171,7 @@ def changed(before: dict, after: dict) -> list:
         for name, version in sorted(before.items())
         if protected(name) and after.get(name) != version
     ]
-    for module, dists in STACK.MODULE_DISTRIBUTIONS.items():
-        names = {canonical(dist) for dist in dists}
+    for module, names in MODULE_DISTRIBUTIONS.items():
         had, has = names & set(before), names & set(after)
         if had and has - had:
             problems.append(f'{", ".join(sorted(has - had))} installed '
