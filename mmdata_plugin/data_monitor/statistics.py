@@ -226,7 +226,7 @@ def _made_where(records: List[dict]) -> tuple:
              for record in records}, sum(record['bytes'] for record in records))
 
 
-def _is_timed(record: dict) -> bool:
+def is_timed(record: dict) -> bool:
     # Records of older versions have no 'timed': every batch was.
     return record.get('timed', True)
 
@@ -272,7 +272,7 @@ class StepColumns:
         self.slack = Series(slack)
         self.samples = sum(samples)
         self.cpu = sum(cpu)
-        self.timed = [record for record in records if _is_timed(record)]
+        self.timed = [record for record in records if is_timed(record)]
         figures = (records, pids, worker_time, transfer, slack, cpu)
         self.workers = self._by(ids, *figures)
         # Per node: the batches of Ray data actors (None: a local
@@ -303,7 +303,7 @@ class StepColumns:
             mine_records = [records[i] for i in mine]
             runs[group] = WorkerRun(
                 {pids[i]
-                 for i in mine}, [r for r in mine_records if _is_timed(r)],
+                 for i in mine}, [r for r in mine_records if is_timed(r)],
                 Series([worker_time[i] for i in mine]),
                 sum(transfer[i] for i in mine), sum(slack[i] for i in mine),
                 sum(cpu[i] for i in mine), *_made_where(mine_records))

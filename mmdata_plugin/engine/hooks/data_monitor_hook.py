@@ -116,6 +116,8 @@ class DataMonitorHook(Hook):
         self.monitor: Optional[DataLoaderMonitor] = None
         self._logger: Optional[LoggerHook] = None
         self._logged = False
+        self._loader_length: Optional[int] = None
+        self._length_read_at = 0
         self._steps = self._batches = 0
         self._waited = self._busy = self._worker_sum = 0.0
         self._warned_blind = False
@@ -267,9 +269,13 @@ class DataMonitorHook(Hook):
             return False
         if logger.every_n_inner_iters(batch_idx, logger.interval):
             return True
-        loader = runner.train_dataloader
-        return logger.end_of_epoch(loader, batch_idx) and (
-            not logger.ignore_last or len(loader) <= logger.interval)
+        # len(loader) goes through the batch sampler and the sampler, every
+        # iteration; it changes at most between epochs (batch_idx restarts).
+        if self._loader_length is None or batch_idx <= self._length_read_at:
+            self._loader_length = len(runner.train_dataloader)
+        self._length_read_at = batch_idx
+        return batch_idx + 1 == self._loader_length and (
+            not logger.ignore_last or self._loader_length <= logger.interval)
 
     def _warn_if_blind(self, runner) -> None:
         if (self._warned_blind or self.monitor.steps_without_batch < 3
