@@ -54,8 +54,10 @@ class DataMonitorHook(Hook):
     ``data_monitor.png`` in ``out_dir`` (the run's log dir by default).
     The tables and the JSON file of ``table_interval`` are made on a
     thread of their own: the training thread only copies the figures
-    (well under a millisecond). Files are replaced atomically: a run that
-    is killed leaves the last complete report.
+    (well under a millisecond), and waits only when two refreshes are
+    already pending. Files are replaced atomically: a run that is killed
+    leaves the last complete report; a single process that ends on an
+    error finishes the pending refreshes first (for up to 10 s).
     Warm-up steps and steps right after a restart of the loader, a
     validation or a checkpoint save are not counted. With several ranks the
     figures of all ranks are gathered and the worst rank is judged.
@@ -143,7 +145,11 @@ class DataMonitorHook(Hook):
         self._start_log_interval(runner)
         self.monitor = DataLoaderMonitor(loader, **self.monitor_args)
         self.monitor.install(loop=loop)
-        self._writer = ReportWriter()
+        # At an exit without after_train, a rank's pending refreshes would
+        # wait in their gathers on peers that may be gone: only a single
+        # process finishes them.
+        self._writer = ReportWriter(
+            exit_timeout=10.0 if get_world_size() == 1 else 0.0)
         # The writer gathers all ranks' figures beside training, whose own
         # collectives (DDP's all-reduce) use the default group: two
         # threads must not share a group.
