@@ -33,23 +33,31 @@ BASE_STAGES = (IO, DECODE, FETCH, COLLATE)
 MAIN_THREAD_STAGES = ('to_device', 'preprocess')
 
 
+#: Up to this many values, :func:`percentiles` sorts them in Python.
+SORTED_BELOW = 64
+
+
 def percentiles(values: Sequence[float], qs: Sequence[float]) -> list:
     """``np.percentile(values, qs)``, the same floats, at a fraction of its
     cost on the few thousand values a report describes (it converts them
     and runs generic checks per call; a report makes dozens of calls).
 
     The linear method as numpy computes it: the order statistics around
-    ``(n - 1) * q / 100`` found by one partition, interpolated from the
-    nearer one.
+    ``(n - 1) * q / 100`` (found by one partition, or for a few values by
+    sorting them, which costs less than numpy's fixed cost per call),
+    interpolated from the nearer one.
     """
     count = len(values)
     if not count:
         raise ValueError('percentiles of no values')
     positions = [(count - 1) * (q / 100) for q in qs]
     below = [math.floor(p) for p in positions]
-    ordered = np.partition(
-        np.asarray(values, dtype=float),
-        sorted({i for b in below for i in (b, min(b + 1, count - 1))}))
+    if count <= SORTED_BELOW:
+        ordered = sorted(values)
+    else:
+        ordered = np.partition(
+            np.asarray(values, dtype=float),
+            sorted({i for b in below for i in (b, min(b + 1, count - 1))}))
     result = []
     for position, low in zip(positions, below):
         a, b = float(ordered[low]), float(ordered[min(low + 1, count - 1)])

@@ -27,7 +27,7 @@ def test_a_series_is_thinned_as_its_values_one_by_one(seen, run):
     assert bulk.squares == pytest.approx(single.squares)
 
 
-@pytest.mark.parametrize('count', [1, 2, 3, 10, 11, 1023, 1024, 4097])
+@pytest.mark.parametrize('count', [1, 2, 3, 10, 11, 64, 65, 1023, 1024, 4097])
 def test_percentiles_are_numpys_to_the_last_bit(count):
     rng = np.random.default_rng(count)
     for values in (rng.lognormal(size=count) * 1e-3,
