@@ -889,7 +889,12 @@ class NodeStore:
         Returns ``{namespace: {counter: value}}`` (or one namespace's dict).
         """
         with self._ledger.transaction():
-            self._reclaim_abandoned()
+            # The counter files of dead processes are summed until they are
+            # retired into the ledger, so looking for them changes no count:
+            # a reader that polls (DataMonitor's reports) looks as seldom as
+            # a writer does.
+            if time.monotonic() - self._reclaimed_at > _RECLAIM_INTERVAL:
+                self._reclaim_abandoned()
             total = merge_counts(self._ledger.retired_counters(),
                                  self._counters.live_counts())
         if namespace is not None:

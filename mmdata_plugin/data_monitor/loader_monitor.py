@@ -30,7 +30,7 @@ from ..utils.dataloader_slots import (dataloader_class_with_iter,
 from ..utils.started_iterators import (restart_started_iterator,
                                        shutdown_persistent_iterator)
 from .instrument import LoaderInstrumentation
-from .statistics import StatsBook, StepColumns
+from .statistics import StatsBook, StepColumns, is_timed
 from .verdict import build_report
 from .worker_timing import MonitoredBatch
 
@@ -306,7 +306,10 @@ class DataLoaderMonitor:
         self._starting = False
         self._last_received: Optional[float] = None
         self._index = -1
-        self._point_base = self._sums()
+        self._point_steps: List[tuple] = []
+        # Every stage seen in a timeline point so far (an ordered set): a
+        # point gives 0.0 for those its timed batches did not run.
+        self._point_stages: dict = {}
 
     def mark_pause(self, settle: bool = True) -> None:
         """The consumer does something else for a while.
@@ -372,8 +375,10 @@ class DataLoaderMonitor:
         if not counted:
             self.skipped += 1
             return None
-        self._unbooked.append((wait, compute, record, requested, received,
-                               trainer or None))
+        counted_step = (wait, compute, record, requested, received, trainer
+                        or None)
+        self._unbooked.append(counted_step)
+        self._point_steps.append(counted_step)
         self._counted += 1
         if self._counted % self.timeline_every == 0:
             return self._close_point()
@@ -427,39 +432,48 @@ class DataLoaderMonitor:
         self._unbooked.clear()
 
     # ------------------------------------------------------------ results
-    def _sums(self) -> dict:
-        book = self.total
-        return dict(
-            steps=book.wait.seen,
-            wait=book.wait.total,
-            compute=book.compute.total,
-            computes=book.compute.seen,
-            worker=book.worker.total,
-            batches=book.worker.seen,
-            timed=book.timed,
-            transfer=book.transfer.total,
-            stages={k: b.total for k, b in book.stages.items()})
-
     def _close_point(self) -> dict:
-        now, base = self._sums(), self._point_base
-        self._point_base = now
-        steps = now['steps'] - base['steps']
-        batches = max(now['batches'] - base['batches'], 1)
+        """The timeline point of the steps counted since the last one.
+
+        Made from those steps themselves, not from the books: reading them
+        would book every ``timeline_every`` steps, which costs several
+        times what booking in runs of ``BOOK_EVERY`` does.
+        """
+        steps, self._point_steps = self._point_steps, []
+        wait = compute = worker = transfer = 0.0
+        computes = batches = timed = 0
+        stages = self._point_stages
+        totals = dict.fromkeys(stages, 0.0)
+        for step_wait, step_compute, record, requested, received, _ in steps:
+            wait += step_wait
+            if step_compute is not None:
+                compute += step_compute
+                computes += 1
+            if record is None:
+                continue
+            end = record['end']
+            batches += 1
+            worker += end - record['start']
+            transfer += received - (requested if requested > end else end)
+            if is_timed(record):
+                timed += 1
+                for key, seconds in record['stages'].items():
+                    if key not in totals:
+                        stages[key] = None
+                        totals[key] = 0.0
+                    totals[key] += seconds
+        batches = max(batches, 1)
         # Stages: over the point's timed batches (none: no stage figures).
-        timed = now['timed'] - base['timed']
-        computes = max(now['computes'] - base['computes'], 1)
         point = dict(
             step=self._index,
-            steps=steps,
-            wait=1e3 * (now['wait'] - base['wait']) / steps,
-            compute=1e3 * (now['compute'] - base['compute']) / computes,
-            worker=1e3 * (now['worker'] - base['worker']) / batches,
-            transfer=1e3 * (now['transfer'] - base['transfer']) / batches,
+            steps=len(steps),
+            wait=1e3 * wait / len(steps),
+            compute=1e3 * compute / max(computes, 1),
+            worker=1e3 * worker / batches,
+            transfer=1e3 * transfer / batches,
             timed=timed,
-            stages={
-                key: 1e3 * (total - base['stages'].get(key, 0.0)) / timed
-                for key, total in now['stages'].items()
-            } if timed else {})
+            stages={key: 1e3 * total / timed
+                    for key, total in totals.items()} if timed else {})
         self.timeline.append(point)
         if len(self.timeline) > self.max_timeline_points:
             self.timeline = _merge_pairs(self.timeline)
@@ -491,18 +505,18 @@ class DataLoaderMonitor:
         """
         book = self.total if book is None else book
         figures = book.copy() if copy else book
-        parts = dict(
-            skipped=self.skipped,
-            startup=dict(
-                count=self.startup.wait.seen,
-                wait=self.startup.wait.describe()),
-            timeline=list(self.timeline) if book is self.total else [],
-            context=loader_context(self.dataloader),
-            pipelines=self.instrumentation.pipelines)
+        skipped, startup = self.skipped, self.startup.wait.copy()
+        timeline = list(self.timeline) if book is self.total else []
 
         def summarise() -> dict:
             summary = figures.summary()
-            summary.update(parts)
+            summary.update(
+                skipped=skipped,
+                startup=dict(count=startup.seen, wait=startup.describe()),
+                timeline=timeline,
+                # The loader's settings do not change while it is measured.
+                context=loader_context(self.dataloader),
+                pipelines=self.instrumentation.pipelines)
             return summary
 
         return summarise

@@ -1,7 +1,10 @@
 """A thread that writes DataMonitorHook's reports beside training."""
+import atexit
+import contextlib
 import logging
 import queue
 import threading
+import time
 from typing import Callable
 
 from mmengine.logging import print_log
@@ -13,19 +16,39 @@ class ReportWriter:
 
     Jobs run in the order given, so the collectives in them (the gathering
     of all ranks' figures) meet in the same order on every rank. A failing
-    job is logged and the next one runs. The thread is a daemon: a process
-    that ends without :meth:`close` (an error in training, a kill) drops
-    the jobs not yet done, and since every file is replaced atomically the
-    last complete report stays.
+    job is logged and the next one runs. At most ``max_pending`` jobs wait:
+    a writer that falls behind holds up :meth:`submit` (each job holds a
+    copy of the figures, so memory stays bounded) instead of dropping one,
+    which a rank could not do alone without its peers waiting in the
+    dropped job's collective.
+
+    The thread is a daemon. A process that ends without :meth:`close` (an
+    error in training) still finishes the jobs handed over, for at most
+    ``exit_timeout`` seconds (0 drops them: jobs whose collectives wait on
+    peers that may be gone); a kill drops them. Every file is replaced
+    atomically, so the last complete report stays either way.
+
+    Args:
+        name (str): The thread's name.
+        max_pending (int): Jobs handed over and not yet started, at most.
+            Defaults to 2.
+        exit_timeout (float): Seconds the interpreter's exit waits for the
+            jobs not done. Defaults to 10.
     """
 
-    def __init__(self, name: str = 'DataMonitorReportWriter') -> None:
-        self._jobs: queue.Queue = queue.Queue()
+    def __init__(self,
+                 name: str = 'DataMonitorReportWriter',
+                 max_pending: int = 2,
+                 exit_timeout: float = 10.0) -> None:
+        self._jobs: queue.Queue = queue.Queue(maxsize=max_pending)
+        self.exit_timeout = exit_timeout
         self.thread = threading.Thread(
             target=self._run, name=name, daemon=True)
         self.thread.start()
+        atexit.register(self._finish_at_exit)
 
     def submit(self, job: Callable, *args) -> None:
+        """Hand ``job(*args)`` over; waits while ``max_pending`` jobs do."""
         self._jobs.put((job, args))
 
     def flush(self) -> None:
@@ -34,8 +57,24 @@ class ReportWriter:
 
     def close(self) -> None:
         """Finish the jobs handed over so far, then stop the thread."""
+        atexit.unregister(self._finish_at_exit)
         self._jobs.put(None)
         self.thread.join()
+
+    def _finish_at_exit(self) -> None:
+        if not self._jobs.unfinished_tasks:
+            return
+        deadline = time.monotonic() + self.exit_timeout
+        with contextlib.suppress(queue.Full):
+            self._jobs.put(None, timeout=self.exit_timeout)
+        self.thread.join(max(deadline - time.monotonic(), 0.0))
+        if self.thread.is_alive():
+            print_log(
+                'DataMonitorHook: the report writer did not finish within '
+                f'{self.exit_timeout:g} s of the exit; the last complete '
+                'report stays.',
+                logger='current',
+                level=logging.WARNING)
 
     def _run(self) -> None:
         while True:

@@ -56,7 +56,7 @@ def test_encoded_report_is_json_dumps_whatever_the_cache_holds():
 
 
 def test_writer_runs_jobs_in_order_on_its_thread_and_flushes():
-    writer = ReportWriter()
+    writer = ReportWriter(max_pending=8)
     done = []
     release = threading.Event()
 
@@ -74,6 +74,78 @@ def test_writer_runs_jobs_in_order_on_its_thread_and_flushes():
     assert done == [(n, True) for n in range(4)]
     writer.close()
     assert not writer.thread.is_alive()
+
+
+def test_a_writer_that_falls_behind_holds_up_submit():
+    writer = ReportWriter(max_pending=2)
+    release, started = threading.Event(), threading.Event()
+
+    def job():
+        started.set()
+        release.wait()
+
+    writer.submit(job)
+    started.wait()
+    writer.submit(job)
+    writer.submit(job)  # two wait now
+    third = threading.Thread(target=writer.submit, args=(job, ))
+    third.start()
+    third.join(0.2)
+    assert third.is_alive()  # held up, not dropped, not queued beyond two
+    release.set()
+    third.join(5)
+    assert not third.is_alive()
+    writer.close()
+
+
+EXIT_CHILD = '''
+import atexit, sys, time
+from mmdata_plugin.data_monitor.report_writer import ReportWriter
+
+path, seconds, exit_timeout = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
+# Registered first, run last: after the writer's.
+atexit.register(lambda: print(time.monotonic(), flush=True))
+writer = ReportWriter(exit_timeout=exit_timeout)
+
+def write(n):
+    time.sleep(seconds)
+    with open(path, 'a') as f:
+        f.write(f'{n}\\n')
+
+for n in range(3):
+    writer.submit(write, n)
+print(time.monotonic(), flush=True)
+raise RuntimeError('training failed')
+'''
+
+
+def _exit_child(path, seconds, exit_timeout):
+    env = dict(os.environ, PYTHONPATH=python_path(REPO_ROOT))
+    child = subprocess.run(
+        [sys.executable, '-c', EXIT_CHILD, path,
+         str(seconds), str(exit_timeout)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60)
+    assert child.returncode == 1 and 'training failed' in child.stderr
+    written = open(path).read().split() if os.path.exists(path) else []
+    raised_at, *log, done_at = child.stdout.splitlines()
+    return written, float(done_at) - float(raised_at), log
+
+
+def test_an_exit_on_an_error_finishes_the_pending_jobs(tmp_path):
+    written, _, log = _exit_child(str(tmp_path / 'a'), 0.1, 10.0)
+    assert written == ['0', '1', '2'] and log == []
+
+
+def test_an_exit_waits_no_longer_than_its_deadline(tmp_path):
+    written, spent, log = _exit_child(str(tmp_path / 'a'), 2.0, 1.0)
+    assert written == [] and 1.0 <= spent < 1.5  # not 3 jobs of 2 s
+    assert 'did not finish within 1 s' in log[0]
+    # exit_timeout=0 (several ranks): the pending jobs are dropped.
+    written, _, log = _exit_child(str(tmp_path / 'b'), 0.1, 0.0)
+    assert written == [] and 'did not finish' in log[0]
 
 
 WRITING_CHILD = '''

@@ -3,7 +3,8 @@ import numpy as np
 import pytest
 
 from mmdata_plugin.data_monitor.statistics import (SampleBuffer, Series,
-                                                   StatsBook, StepColumns)
+                                                   StatsBook, StepColumns,
+                                                   percentiles)
 
 
 @pytest.mark.parametrize('seen', [0, 1, 5, 37])
@@ -24,6 +25,21 @@ def test_a_series_is_thinned_as_its_values_one_by_one(seen, run):
     assert bulk.peak == single.peak
     assert bulk.total == pytest.approx(single.total, abs=1e-9)
     assert bulk.squares == pytest.approx(single.squares)
+
+
+@pytest.mark.parametrize('count', [1, 2, 3, 10, 11, 64, 65, 1023, 1024, 4097])
+def test_percentiles_are_numpys_to_the_last_bit(count):
+    rng = np.random.default_rng(count)
+    for values in (rng.lognormal(size=count) * 1e-3,
+                   np.round(rng.uniform(size=count), 2),
+                   np.full(count, 0.1)):
+        buffer = SampleBuffer(capacity=4096)
+        for value in values.tolist():
+            buffer.add(value)
+        expected = np.percentile(buffer.values.tolist(), (50, 90, 100))
+        assert percentiles(buffer.values, (50, 90, 100)) == [
+            float(v) for v in expected
+        ]
 
 
 def _steps(count, workers):

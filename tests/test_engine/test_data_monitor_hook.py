@@ -325,11 +325,13 @@ class SlowOnRank:
 def test_two_rank_run_names_the_slowed_rank(tmp_path, train_env):
     (tmp_path / 'slow_rank_plugin.py').write_text(SLOW_RANK_PLUGIN)
     config = tmp_path / 'slow_rank.py'
+    # MMDATA_MONITOR=1 keeps the config's hook, which refreshes the tables
+    # (a gather of both ranks on the writer thread) three times.
     config.write_text(
         f'_base_ = [{DEMO_CONFIG!r}]\n'
         "custom_imports = dict(imports=['mmdata_plugin', 'slow_rank_plugin'],"
         ' allow_failed_imports=False)\n'
-        'custom_hooks = []  # MMDATA_MONITOR=1 adds the hook\n'
+        "custom_hooks = [dict(type='DataMonitorHook', table_interval=8)]\n"
         'train_dataloader = dict(num_workers=1, dataset=dict(pipeline=['
         "dict(type='LoadImageFromFile'), "
         "dict(type='SlowOnRank', rank=1, ms=40), "
@@ -361,6 +363,11 @@ def test_two_rank_run_names_the_slowed_rank(tmp_path, train_env):
     assert verdict['bottleneck'] == '01_SlowOnRank'
     assert '(rank 1, the worst of 2)' in out
     assert 'Rank 1 is starved' in out
+    for iteration in (8, 16, 24):
+        assert f'DataMonitor at iteration {iteration}, rank ' in out
+    # Three refreshes and the final report, each with both ranks' figures.
+    assert out.count('Per rank (ms per step):') == 4
+    assert not glob.glob(str(work_dir / '*' / 'data_monitor.json.tmp'))
 
 
 def test_refreshes_are_written_beside_training_and_after_train_waits(

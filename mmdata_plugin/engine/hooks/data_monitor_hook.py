@@ -54,8 +54,10 @@ class DataMonitorHook(Hook):
     ``data_monitor.png`` in ``out_dir`` (the run's log dir by default).
     The tables and the JSON file of ``table_interval`` are made on a
     thread of their own: the training thread only copies the figures
-    (well under a millisecond). Files are replaced atomically: a run that
-    is killed leaves the last complete report.
+    (well under a millisecond), and waits only when two refreshes are
+    already pending. Files are replaced atomically: a run that is killed
+    leaves the last complete report; a single process that ends on an
+    error finishes the pending refreshes first (for up to 10 s).
     Warm-up steps and steps right after a restart of the loader, a
     validation or a checkpoint save are not counted. With several ranks the
     figures of all ranks are gathered and the worst rank is judged.
@@ -116,6 +118,8 @@ class DataMonitorHook(Hook):
         self.monitor: Optional[DataLoaderMonitor] = None
         self._logger: Optional[LoggerHook] = None
         self._logged = False
+        self._loader_length: Optional[int] = None
+        self._length_read_at = 0
         self._steps = self._batches = 0
         self._waited = self._busy = self._worker_sum = 0.0
         self._warned_blind = False
@@ -141,7 +145,11 @@ class DataMonitorHook(Hook):
         self._start_log_interval(runner)
         self.monitor = DataLoaderMonitor(loader, **self.monitor_args)
         self.monitor.install(loop=loop)
-        self._writer = ReportWriter()
+        # At an exit without after_train, a rank's pending refreshes would
+        # wait in their gathers on peers that may be gone: only a single
+        # process finishes them.
+        self._writer = ReportWriter(
+            exit_timeout=10.0 if get_world_size() == 1 else 0.0)
         # The writer gathers all ranks' figures beside training, whose own
         # collectives (DDP's all-reduce) use the default group: two
         # threads must not share a group.
@@ -267,9 +275,13 @@ class DataMonitorHook(Hook):
             return False
         if logger.every_n_inner_iters(batch_idx, logger.interval):
             return True
-        loader = runner.train_dataloader
-        return logger.end_of_epoch(loader, batch_idx) and (
-            not logger.ignore_last or len(loader) <= logger.interval)
+        # len(loader) goes through the batch sampler and the sampler, every
+        # iteration; it changes at most between epochs (batch_idx restarts).
+        if self._loader_length is None or batch_idx <= self._length_read_at:
+            self._loader_length = len(runner.train_dataloader)
+        self._length_read_at = batch_idx
+        return batch_idx + 1 == self._loader_length and (
+            not logger.ignore_last or self._loader_length <= logger.interval)
 
     def _warn_if_blind(self, runner) -> None:
         if (self._warned_blind or self.monitor.steps_without_batch < 3
