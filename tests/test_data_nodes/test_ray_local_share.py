@@ -7,7 +7,6 @@ import json
 import os
 import os.path as osp
 import signal
-import time
 
 import pytest
 import torch
@@ -161,6 +160,15 @@ def test_an_actor_dies_while_local_batches_are_outstanding(
     assert len(pids) == 2 and not any(map(alive, pids))
 
 
+def _wait_until_dead(actors, timeout=60.0):
+    """Until Ray reports each of ``actors`` dead (a call on it fails), so
+    that both deaths are known before the stream's next batch."""
+    ray = pytest.importorskip('ray')
+    for actor in actors:
+        with pytest.raises(ray.exceptions.RayActorError):
+            ray.get(actor.report.remote(), timeout=timeout)
+
+
 def test_actors_that_died_together_are_replaced_together(cluster):
     # Two actors killed at once (as a removed node takes its actors): the
     # first death found replaces both, whichever batch is due, so their
@@ -172,7 +180,7 @@ def test_actors_that_died_together_are_replaced_together(cluster):
         got = [next(stream)]
         for node in pool.nodes:
             os.kill(node.pid, signal.SIGKILL)
-        time.sleep(1.0)  # both deaths known to Ray
+        _wait_until_dead(pool._actors)
         while not pool.replaced:
             got.append(next(stream))
         assert pool.replaced == 2
