@@ -82,10 +82,14 @@ def test_overhead_benchmark_prints_the_median_ratio(demo_root, train_env):
         r'rounds [-+\d.]+\.\.[-+\d.]+ us\), wall [-+\d.]+ us; longest '
         r'after_train_iter [\d.]+ ms, longest refreshing one [\d.]+ ms$',
         out, re.M)) == 2, out
+    assert len(re.findall(
+        r"^  steady state accounted: the hook's calls [\d.]+ us \+ its "
+        r'writer thread [\d.]+ us = [\d.]+ us CPU per sample$', out,
+        re.M)) == 2, out
     for case in ('cheap', 'demo'):
         assert re.search(
             rf'^{case} +\d+\.\d{{3}} \(\d+\.\d{{3}}\.\.\d+\.\d{{3}}\) '
             r'>=0\.99 +\d+\.\d{3} +[\d.]+ us +[-\d.]+ us \(K=\d+ *\) +'
             r'[-+\d.]+ us \([-+\d.]+\.\.[-+\d.]+ us; plain/plain '
             r'[-+\d.]+ us\) +[-\d.]+ us +[\d.]+ us CPU +[-+\d.]+ us +'
-            r'[\d.]+ ms$', out, re.M), out
+            r'[\d.]+ us +[\d.]+ ms$', out, re.M), out
