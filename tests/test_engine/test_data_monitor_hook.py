@@ -358,8 +358,10 @@ def test_two_rank_run_names_the_slowed_rank(tmp_path, train_env):
     assert [r['rank'] for r in report['ranks']] == [0, 1]
     assert verdict['worst_rank'] == 1
     assert verdict['input_bound'] == 'high'
+    # 2x, not more: on a loaded machine (make test's two pytest workers)
+    # rank 0's worker waits for the cores too; unslowed, both are alike.
     assert verdict['rank_wait_shares'][
-        '1'] > 4 * verdict['rank_wait_shares']['0']
+        '1'] > 2 * verdict['rank_wait_shares']['0']
     assert verdict['bottleneck'] == '01_SlowOnRank'
     assert '(rank 1, the worst of 2)' in out
     assert 'Rank 1 is starved' in out
