@@ -120,7 +120,8 @@ def start_training(config, work_dir, env, log):
         start_new_session=True)
 
 
-def wait_for(condition, what, proc=None, timeout=60.0, step=0.005):
+def wait_for(condition, what, proc=None, timeout=RUN_TIMEOUT,
+             step=0.005):
     deadline = time.monotonic() + timeout
     while True:
         value = condition()
@@ -289,7 +290,7 @@ def test_prefetcher_killed_stops_training_then_resume_completes(
                          'download of the prefetcher in flight', proc)
                 trained = len(records(work_dir))
                 os.kill(pid, signal.SIGKILL)
-                code = proc.wait(timeout=60)
+                code = proc.wait(timeout=RUN_TIMEOUT)
             finally:
                 if proc.poll() is None:
                     os.killpg(proc.pid, signal.SIGKILL)
@@ -341,7 +342,7 @@ def test_prefetcher_killed_in_the_last_iteration_does_not_hang_the_run(
                 wait_for(lambda: osp.exists(work_dir / 'probe_rank0.jsonl')
                          and 5 in records(work_dir), 'iteration 5', proc)
                 os.kill(pid, signal.SIGKILL)
-                code = proc.wait(timeout=30)
+                code = proc.wait(timeout=RUN_TIMEOUT)
             finally:
                 if proc.poll() is None:
                     os.killpg(proc.pid, signal.SIGKILL)
@@ -382,7 +383,7 @@ def test_reader_evicts_past_a_dead_prefetchers_victims_list(tmp_path):
 # -- 2. kill -9 of the whole run mid-download ------------------------------
 
 
-def kill_tree_mid_download(proc, cache_dir, timeout=60.0):
+def kill_tree_mid_download(proc, cache_dir, timeout=RUN_TIMEOUT):
     """SIGKILL ``proc`` and every descendant (torchrun starts its ranks in
     sessions of their own: a killpg would miss them) at a moment a download
     is in flight. The tree is frozen (SIGSTOP) while the temp files are
