@@ -446,6 +446,24 @@ def test_other_samplers_are_replayed_on_indices():
     assert resumed.dataset.fetches.value <= (4 + 4) * BATCH
 
 
+def test_replayed_samplers_keep_their_own_order():
+    """Index replay positions a sampler's stream without changing it: an
+    uninterrupted read gives the sampler's own batches, epoch by epoch
+    (the resume tests compare two runs of the same code, so a shift of
+    every pass would pass them)."""
+    loader = make_loader('distributed')
+    got, _, _ = read(loader, 12)  # 23 samples: two passes of 6 batches
+    sampler = loader.sampler  # with the seed the resumer gave it
+    expected = []
+    for epoch in range(2):
+        sampler.set_epoch(epoch)
+        order = list(sampler)
+        expected += [(epoch, order[i:i + BATCH])
+                     for i in range(0, len(order), BATCH)]
+    assert [(epoch, [index for index, _ in batch])
+            for epoch, batch in got] == expected
+
+
 def under_torch_seed(seed, make):
     """``make()`` with torch's global generator seeded ``seed`` first, as
     other main-process work leaves it in another state in each run."""
