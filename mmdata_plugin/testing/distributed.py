@@ -64,10 +64,17 @@ def run_command(cmd: Sequence[str],
         stderr=subprocess.STDOUT,
         text=True,
         timeout=timeout)
+    return raise_if_failed(result)
+
+
+def raise_if_failed(
+        result: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
+    """``result``; :class:`ProcessFailed` with its output if it failed."""
     if result.returncode != 0:
         raise ProcessFailed(
             f'command failed with exit code {result.returncode}: '
-            f'{" ".join(cmd)}\n--- output ---\n{result.stdout[-20000:]}')
+            f'{" ".join(map(str, result.args))}\n--- output ---\n'
+            f'{result.stdout[-20000:]}')
     return result
 
 

@@ -11,7 +11,7 @@ import pytest
 from helpers import DEMO_CONFIG, REPO_ROOT, TRAIN_SCRIPT
 from resume_probe import records, samples_by_position
 
-from mmdata_plugin.testing import (cpu_env, python_path, run_command,
+from mmdata_plugin.testing import (cpu_env, python_path, run_script,
                                    run_torchrun,
                                    run_until_checkpoint_then_kill)
 
@@ -79,8 +79,7 @@ def test_sigkill_then_resume_replays_the_stream(killed_run, probe_env):
         tmp / 'resume.py', max_iters=20, interval=8, num_workers=1,
         persistent_workers=False)
     work_dir = tmp / 'resumed'
-    out = run_command([
-        sys.executable, TRAIN_SCRIPT,
+    out = run_script(TRAIN_SCRIPT, [
         *train_args(config, work_dir, '--resume',
                     str(killed / 'iter_8.pth'))
     ],
@@ -127,8 +126,7 @@ def test_world_size_2_to_1_continues_the_global_stream(
     tmp, full = two_rank_run
     config = write_config(tmp / 'one.py', max_iters=12)
     work_dir = tmp / 'one_rank'
-    out = run_command([
-        sys.executable, TRAIN_SCRIPT,
+    out = run_script(TRAIN_SCRIPT, [
         *train_args(config, work_dir, '--resume', str(full / 'iter_4.pth'))
     ],
                       env=probe_env).stdout

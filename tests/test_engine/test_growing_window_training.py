@@ -8,7 +8,6 @@ batch 4) lies in the middle of epoch 1.
 """
 import json
 import os.path as osp
-import sys
 
 import numpy as np
 import pytest
@@ -16,7 +15,7 @@ from fast_resume_toys import make_runner, recorder_of
 from helpers import DEMO_CONFIG, REPO_ROOT, TRAIN_SCRIPT
 
 from mmdata_plugin.sample_order import GrowingWindow
-from mmdata_plugin.testing import python_path, run_command, run_torchrun
+from mmdata_plugin.testing import python_path, run_script, run_torchrun
 from mmdata_plugin.utils.checkpoint_safety import load_from_local_safely
 
 BATCH = 4
@@ -163,8 +162,8 @@ def test_world_size_2_to_1_continues_the_window_stream(full_run, probe_env):
     tmp, full, reference, window = full_run
     config = write_config(tmp / 'one.py', max_iters=8)
     work_dir = tmp / 'one_rank'
-    out = run_command([
-        sys.executable, TRAIN_SCRIPT, config, '--work-dir',
+    out = run_script(TRAIN_SCRIPT, [
+        config, '--work-dir',
         str(work_dir), '--resume',
         str(full / 'iter_4.pth')
     ],

@@ -4,7 +4,6 @@ import json
 import multiprocessing
 import os
 import signal
-import sys
 import time
 from collections import Counter
 
@@ -19,7 +18,7 @@ from mmdata_plugin.remote_cache.download_processes import ProcessDownloads
 from mmdata_plugin.remote_cache.node_cache_backend import (NAMESPACE, READS,
                                                            RemoteReader)
 from mmdata_plugin.remote_cache.prefetcher import _SIZE_PROBES
-from mmdata_plugin.testing import LoopbackHTTPServer, run_command
+from mmdata_plugin.testing import LoopbackHTTPServer, run_script
 
 SIZE = prefetching.SIZE
 REMOTE = dict(backend='remote_http', backoff=0.001)
@@ -147,8 +146,8 @@ def test_hook_with_two_download_processes_trains(demo_root, train_env,
         env = dict(run_env(train_env, server, tmp_path),
                    MMDATA_NODE_CACHE=cache_dir,
                    MMDATA_NODE_CACHE_LIMIT='50MB')
-        out = run_command(
-            [sys.executable, TRAIN_SCRIPT, config, '--work-dir',
+        out = run_script(
+            TRAIN_SCRIPT, [config, '--work-dir',
              str(tmp_path / 'work')] + quick_cfg_options(
                  max_iters=24, interval=24, **{
                      'train_dataloader.num_workers': 2,

@@ -31,7 +31,8 @@ from mmdata_plugin.cache.store_ledger import StoreLedger
 from mmdata_plugin.remote_cache.node_cache_backend import (NodeCacheBackend,
                                                            write_victims)
 from mmdata_plugin.testing import (LoopbackHTTPServer, cpu_env, descendants,
-                                   python_path, run_command, run_torchrun,
+                                   python_path, run_script,
+                                   run_torchrun,
                                    run_until_checkpoint_then_kill,
                                    torchrun_command)
 from mmdata_plugin.utils import make_demo_dataset
@@ -108,8 +109,8 @@ def train(config, work_dir, env, *extra, nproc=1):
     if nproc > 1:
         return run_torchrun(TRAIN_SCRIPT, args + ['--launcher', 'pytorch'],
                             nproc=nproc, env=env, timeout=RUN_TIMEOUT).stdout
-    return run_command([sys.executable, TRAIN_SCRIPT, *args], env=env,
-                       timeout=RUN_TIMEOUT).stdout
+    return run_script(TRAIN_SCRIPT, args, env=env,
+                      timeout=RUN_TIMEOUT).stdout
 
 
 def start_training(config, work_dir, env, log):

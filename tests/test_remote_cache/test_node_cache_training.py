@@ -2,14 +2,13 @@
 import json
 import os
 import re
-import sys
 
 import pytest
 from cache_usage import UsageSampler, disk_bytes, run_env
 from helpers import REPO_ROOT, TRAIN_SCRIPT, quick_cfg_options
 
 from mmdata_plugin.cache.node_store import NodeStore
-from mmdata_plugin.testing import (LoopbackHTTPServer, run_command,
+from mmdata_plugin.testing import (LoopbackHTTPServer, run_script,
                                    run_torchrun)
 from mmdata_plugin.utils import make_demo_dataset
 
@@ -106,8 +105,8 @@ def test_growing_window_downloads_each_entering_image_once(
             # A quarter is the prefetch reserve: the plan keeps 48 images'
             # worth, the window and the next epoch's entering ones fit.
             MMDATA_NODE_CACHE_LIMIT=str(data_bytes))
-        out = run_command([
-            sys.executable, TRAIN_SCRIPT, GROWING_CONFIG, '--work-dir',
+        out = run_script(TRAIN_SCRIPT, [
+            GROWING_CONFIG, '--work-dir',
             str(tmp_path / 'work'), '--cfg-options'
         ] + [f'{key}={value}' for key, value in options.items()],
                           env=env).stdout

@@ -14,7 +14,7 @@ import pytest
 from downstream_toys import make_toy_coco
 from helpers import REPO_ROOT, TRAIN_SCRIPT
 
-from mmdata_plugin.testing import python_path, run_command
+from mmdata_plugin.testing import python_path, run_command, run_script
 
 TOOL = osp.join(REPO_ROOT, 'tools', 'dump_data_list.py')
 TESTS = osp.dirname(osp.dirname(osp.abspath(__file__)))
@@ -80,10 +80,9 @@ custom_hooks = [dict(type='DetProbeHook')]
 randomness = dict(seed=5)
 """)
     full, resumed = tmp_path / 'full', tmp_path / 'resumed'
-    run_command([sys.executable, TRAIN_SCRIPT, str(config), '--work-dir',
-                 str(full)], env=mmdet_env)
-    log = run_command([
-        sys.executable, TRAIN_SCRIPT,
+    run_script(TRAIN_SCRIPT, [str(config), '--work-dir', str(full)],
+               env=mmdet_env)
+    log = run_script(TRAIN_SCRIPT, [
         str(config), '--work-dir',
         str(resumed), '--resume',
         str(full / 'iter_3.pth')

@@ -1,9 +1,8 @@
 """tools/train.py on the demo config reading its data over HTTP."""
-import sys
 
 from helpers import REPO_ROOT, TRAIN_SCRIPT, quick_cfg_options
 
-from mmdata_plugin.testing import LoopbackHTTPServer, run_command
+from mmdata_plugin.testing import LoopbackHTTPServer, run_script
 
 HTTP_CONFIG = f'{REPO_ROOT}/configs/demo/tinycnn_demo-jpeg-http.py'
 
@@ -17,8 +16,8 @@ def test_demo_trains_from_the_loopback_http_remote(demo_root, train_env,
             MMDATA_REMOTE_ROOT=srv.base_url,
             MMDATA_REMOTE_FILES_DIR=str(tmp_path / 'remote_files'),
             MMDATA_INDEX_DIR=str(tmp_path / 'index'))
-        out = run_command([
-            sys.executable, TRAIN_SCRIPT, HTTP_CONFIG, '--work-dir',
+        out = run_script(TRAIN_SCRIPT, [
+            HTTP_CONFIG, '--work-dir',
             str(tmp_path / 'work')
         ] + quick_cfg_options(max_iters=4, interval=4),
                           env=env).stdout

@@ -3,7 +3,6 @@ import copyreg
 import glob
 import os.path as osp
 import shutil
-import sys
 
 import pytest
 import torch
@@ -11,7 +10,7 @@ from helpers import DEMO_CONFIG, TRAIN_SCRIPT, quick_cfg_options
 from hostile_checkpoints import write_hostile_checkpoint
 from mmengine.logging import HistoryBuffer
 
-from mmdata_plugin.testing import ProcessFailed, run_command, run_torchrun
+from mmdata_plugin.testing import ProcessFailed, run_script, run_torchrun
 from mmdata_plugin.utils import load_from_local_safely
 
 
@@ -23,10 +22,9 @@ def _train_args(work_dir, *extra, max_iters=6):
 
 
 def _train(work_dir, env, *extra, max_iters=6):
-    cmd = [sys.executable, TRAIN_SCRIPT]
-    return run_command(
-        cmd + _train_args(work_dir, *extra, max_iters=max_iters),
-        env=env).stdout
+    return run_script(TRAIN_SCRIPT,
+                      _train_args(work_dir, *extra, max_iters=max_iters),
+                      env=env).stdout
 
 
 @pytest.fixture(scope='module')

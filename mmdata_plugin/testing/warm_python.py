@@ -1,0 +1,255 @@
+"""Python scripts run in forks of an interpreter that has imported torch,
+mmengine and this package already.
+
+A test that runs ``tools/train.py`` to completion pays 5-8 s of imports
+(torch, mmengine's runner with torch.distributed, the optimizer's dynamo,
+yapf for the config dump) before the first line of its own work; the suite
+runs it dozens of times. :func:`run_script` runs such a script in a fork of
+one warm interpreter per test process (a "zygote"): a new process, as the
+test means, started with the modules in memory. The fork then runs the
+script as ``python script.py`` would: ``__main__``, ``sys.argv``, the
+script's folder and the caller's ``PYTHONPATH`` first on ``sys.path``, the
+caller's environment, working directory and exit code, output to a file,
+and a normal interpreter exit (atexit handlers, non-daemon threads).
+
+What the fork cannot take from the caller is what was read while the
+modules were imported: the environment variables torch reads then, and
+which checkout of this package is imported. Each combination of those gets
+a zygote of its own; where the package is not found on the caller's
+``PYTHONPATH`` (installed), a fresh interpreter runs the script
+(:func:`~.distributed.run_command`). Runs that a test kills or inspects as
+a process tree are not for this: their process is the zygote's child, not
+the caller's.
+"""
+import atexit
+import json
+import os
+import os.path as osp
+import runpy
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+from typing import Dict, List, Optional, Sequence
+
+from .distributed import cpu_env, raise_if_failed, run_command
+
+#: Imported by the zygote before it serves; what a training run imports.
+PRELOAD = ('numpy', 'cv2', 'torch', 'torch._dynamo', 'mmengine.runner',
+           'mmengine.config', 'yapf.yapflib.yapf_api', 'mmcv',
+           'mmcv.transforms', 'mmdata_plugin', 'mmdata_plugin.engine')
+#: Environment variables read while PRELOAD is imported: a call whose
+#: values differ from the zygote's gets a fresh interpreter.
+IMPORT_TIME_ENV = ('CUDA_VISIBLE_DEVICES', 'OMP_NUM_THREADS',
+                   'MKL_NUM_THREADS')
+
+
+def _send(conn: socket.socket, message: dict) -> None:
+    conn.sendall(json.dumps(message).encode() + b'\n')
+
+
+def _receive(stream) -> dict:
+    line = stream.readline()
+    if not line:
+        raise ConnectionError('the warm interpreter closed the connection')
+    return json.loads(line)
+
+
+def _serve(path: str) -> Optional[dict]:
+    """Answer requests until told to stop (returns None); in a forked
+    child, return the request it is to run."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(8)
+    package = osp.dirname(osp.dirname(sys.modules['mmdata_plugin'].__file__))
+    print(json.dumps(dict(ready=True, package_root=package)), flush=True)
+    while True:
+        conn, _ = listener.accept()
+        with conn, conn.makefile('r') as stream:
+            request = _receive(stream)
+            if request.get('stop'):
+                listener.close()
+                return None
+            pid = os.fork()
+            if pid == 0:
+                listener.close()
+                return request
+            try:
+                _send(conn, dict(pid=pid))
+            finally:  # a caller gone (timed out) still leaves no zombie
+                _, status = os.waitpid(pid, 0)
+            try:
+                _send(conn,
+                      dict(returncode=os.waitstatus_to_exitcode(status)))
+            except OSError:
+                pass  # the caller timed out, killed the run and left
+
+
+def _become(request: dict) -> None:
+    """Turn this fork into ``python script args`` as the caller asked."""
+    output = os.open(request['output'], os.O_WRONLY | os.O_TRUNC)
+    os.dup2(output, 1)
+    os.dup2(output, 2)
+    os.close(output)
+    stdin = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(stdin, 0)
+    os.close(stdin)
+    os.chdir(request['cwd'])
+    os.environ.clear()
+    os.environ.update(request['env'])
+    script = osp.abspath(request['script'])
+    first = [osp.dirname(script)] + [
+        p for p in request['env'].get('PYTHONPATH', '').split(os.pathsep)
+        if p
+    ]
+    sys.path[:] = first + [p for p in sys.path[1:] if p not in first]
+    sys.argv = [request['script'], *request['args']]
+    threads = request['env'].get('OMP_NUM_THREADS', '')
+    if threads.isdigit() and 'torch' in sys.modules:
+        # A forked child's intra-op pool starts at one thread, whatever
+        # torch read from OMP_NUM_THREADS when the zygote imported it.
+        sys.modules['torch'].set_num_threads(int(threads))
+
+
+def _main(path: str) -> None:
+    for name in PRELOAD:
+        try:
+            __import__(name)
+        except ImportError:
+            pass  # the script imports it (or fails) itself
+    request = _serve(path)
+    if request is None:
+        return
+    _become(request)
+    runpy.run_path(request['script'], run_name='__main__')
+
+
+class WarmPython:
+    """A zygote serving one caller process; see :func:`run_script`.
+
+    Args:
+        env (dict): Its environment (what the imports read).
+    """
+
+    def __init__(self, env: Dict[str, str], package_root: str) -> None:
+        self.env = dict(env)
+        self.package_root = package_root
+        self._dir = tempfile.mkdtemp(prefix='warm_python_')
+        self.path = osp.join(self._dir, 'socket')
+        self.process = subprocess.Popen(
+            [sys.executable, '-m', __name__, self.path],
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True)
+        try:
+            imported = _receive(self.process.stdout)['package_root']
+            if osp.realpath(imported) != package_root:
+                raise ValueError(f'the warm interpreter imported '
+                                 f'mmdata_plugin from {imported}, not from '
+                                 f'{package_root}')
+        except BaseException:
+            self.close()
+            raise
+
+    def serves(self, env: Dict[str, str]) -> bool:
+        """Whether a script run with ``env`` would import what the zygote
+        imported: the same import-time variables, this package found first
+        in the same checkout."""
+        return (self.process.poll() is None
+                and all(env.get(k) == self.env.get(k)
+                        for k in IMPORT_TIME_ENV)
+                and _package_root(env) == self.package_root)
+
+    def run(self, script: str, args: Sequence[str], env: Dict[str, str],
+            cwd: Optional[str], timeout: float) -> subprocess.CompletedProcess:
+        handle, output = tempfile.mkstemp(prefix='run_', dir=self._dir)
+        os.close(handle)
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+                conn.connect(self.path)
+                conn.settimeout(timeout)
+                _send(conn, dict(script=script, args=list(args), env=env,
+                                 cwd=cwd or os.getcwd(), output=output))
+                with conn.makefile('r') as stream:
+                    pid = _receive(stream)['pid']
+                    try:
+                        returncode = _receive(stream)['returncode']
+                    except socket.timeout:
+                        os.kill(pid, signal.SIGKILL)
+                        raise subprocess.TimeoutExpired(
+                            [sys.executable, script, *args], timeout)
+            with open(output, errors='replace') as file:
+                stdout = file.read()
+        finally:
+            os.remove(output)
+        return subprocess.CompletedProcess([sys.executable, script, *args],
+                                           returncode, stdout)
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            try:
+                with socket.socket(socket.AF_UNIX,
+                                   socket.SOCK_STREAM) as conn:
+                    conn.connect(self.path)
+                    _send(conn, dict(stop=True))
+                self.process.wait(timeout=30)
+            except (OSError, subprocess.TimeoutExpired):
+                self.process.kill()
+                self.process.wait()
+        for name in os.listdir(self._dir):
+            os.remove(osp.join(self._dir, name))
+        os.rmdir(self._dir)
+
+
+_zygotes: List[WarmPython] = []
+
+
+def _package_root(env: Dict[str, str]) -> Optional[str]:
+    """The ``PYTHONPATH`` entry ``mmdata_plugin`` is imported from under
+    ``env``; None where it comes from elsewhere (installed)."""
+    for entry in env.get('PYTHONPATH', '').split(os.pathsep):
+        if entry and osp.isfile(
+                osp.join(entry, 'mmdata_plugin', '__init__.py')):
+            return osp.realpath(entry)
+    return None
+
+
+def _zygote_for(env: Dict[str, str]) -> Optional[WarmPython]:
+    for zygote in _zygotes:
+        if zygote.serves(env):
+            return zygote
+    root = _package_root(env)
+    if root is None:
+        return None
+    try:
+        zygote = WarmPython(env, root)
+    except (OSError, ValueError, ConnectionError):
+        return None
+    if not _zygotes:
+        atexit.register(lambda: [z.close() for z in _zygotes])
+    _zygotes.append(zygote)
+    return zygote
+
+
+def run_script(script: str,
+               args: Sequence[str] = (),
+               env: Optional[Dict[str, str]] = None,
+               cwd: Optional[str] = None,
+               timeout: float = 600) -> subprocess.CompletedProcess:
+    """``python script args`` as :func:`~.distributed.run_command` runs it
+    (the environment made by ``cpu_env(env)``, output and exit code
+    returned, :class:`ProcessFailed` on failure), in a fork of a warm
+    interpreter where the call allows it (see the module's docstring).
+    """
+    env = cpu_env(env)
+    zygote = _zygote_for(env)
+    if zygote is None:
+        return run_command([sys.executable, script, *args], env=env,
+                           cwd=cwd, timeout=timeout)
+    return raise_if_failed(zygote.run(script, args, env, cwd, timeout))
+
+
+if __name__ == '__main__':
+    _main(sys.argv[1])

@@ -1,0 +1,79 @@
+"""run_script: a script run in a fork of a warm interpreter behaves as
+``python script args`` run by run_command."""
+import os
+import subprocess
+import time
+
+import pytest
+from helpers import REPO_ROOT
+
+from mmdata_plugin.testing import ProcessFailed, python_path, run_script
+from mmdata_plugin.testing import warm_python
+
+SCRIPT = """
+import atexit, os, sys, threading, time
+print('argv', sys.argv[1:], 'cwd', os.getcwd(), 'env', os.environ['PROBE'])
+print('path0', sys.path[0], 'path1', sys.path[1])
+print('main', __name__, 'pid', os.getpid(), 'ppid', os.getppid())
+import mmdata_plugin, torch
+print('package', mmdata_plugin.__file__, 'threads', torch.get_num_threads())
+atexit.register(lambda: print('atexit ran', flush=True))
+# A non-daemon thread: a normal exit waits for it.
+threading.Thread(target=lambda: (time.sleep(0.2), print('thread done'))
+                 ).start()
+if sys.argv[1] == 'sleep':
+    time.sleep(60)
+sys.exit(int(sys.argv[1]))
+"""
+
+
+@pytest.fixture
+def script(tmp_path):
+    path = tmp_path / 'probe.py'
+    path.write_text(SCRIPT)
+    return str(path)
+
+
+def test_runs_as_python_script_would_in_a_warm_fork(script, tmp_path):
+    env = dict(PYTHONPATH=python_path(REPO_ROOT), PROBE='p1')
+    out = run_script(script, ['0'], env=env, cwd=str(tmp_path)).stdout
+    assert f"argv ['0'] cwd {tmp_path} env p1" in out
+    assert f'path0 {tmp_path} path1 {REPO_ROOT}' in out
+    assert f'package {REPO_ROOT}/mmdata_plugin/__init__.py threads 1' in out
+    assert 'main __main__' in out
+    # A normal interpreter exit: the thread is joined, atexit runs.
+    assert out.index('thread done') < out.index('atexit ran')
+    # Not a child of this process: the zygote forked it.
+    (zygote, ) = [z for z in warm_python._zygotes if z.serves(
+        warm_python.cpu_env(env))]
+    assert f'ppid {zygote.process.pid}' in out
+    with pytest.raises(ProcessFailed, match='exit code 3'):
+        run_script(script, ['3'], env=dict(env, PROBE='p2'))
+
+
+def test_a_run_past_its_timeout_is_killed(script):
+    env = dict(PYTHONPATH=python_path(REPO_ROOT), PROBE='p3')
+    start = time.monotonic()
+    with pytest.raises(subprocess.TimeoutExpired):
+        run_script(script, ['sleep'], env=env, timeout=3)
+    assert time.monotonic() - start < 30
+    # The zygote serves the next run.
+    assert 'atexit ran' in run_script(script, ['0'], env=env).stdout
+
+
+def test_another_import_time_environment_gets_its_own_zygote(script):
+    # torch reads OMP_NUM_THREADS when imported (cpu_env's is 1).
+    env = dict(PYTHONPATH=python_path(REPO_ROOT), PROBE='p4',
+               OMP_NUM_THREADS='2')
+    out = run_script(script, ['0'], env=env).stdout
+    assert 'threads 2' in out
+
+
+def test_another_checkout_first_on_the_path_is_the_one_imported(
+        script, tmp_path):
+    os.symlink(os.path.join(REPO_ROOT, 'mmdata_plugin'),
+               tmp_path / 'mmdata_plugin')
+    env = dict(PYTHONPATH=python_path(str(tmp_path), REPO_ROOT), PROBE='p5')
+    out = run_script(script, ['0'], env=env).stdout
+    assert f'package {tmp_path}/mmdata_plugin/__init__.py' in out
+    assert 'threads 1' in out
