@@ -3,12 +3,11 @@ import json
 import os.path as osp
 import re
 import statistics
-import sys
 
 from helpers import DEMO_CONFIG, REPO_ROOT
 
 from mmdata_plugin.data_monitor import recommend_workers
-from mmdata_plugin.testing import run_command
+from mmdata_plugin.testing import run_script
 
 TOOL = osp.join(REPO_ROOT, 'tools', 'benchmark_dataloader.py')
 
@@ -23,8 +22,7 @@ def test_one_worker_count_prints_throughput_and_stage_breakdown(
         train_env, tmp_path):
     # an empty head cache: reads and decodes happen, so they are measured
     train_env = dict(train_env, MMDATA_CACHE_DIR=str(tmp_path / 'cache'))
-    out = run_command([
-        sys.executable, TOOL, DEMO_CONFIG, '--num-batches', '6', '--warmup',
+    out = run_script(TOOL, [DEMO_CONFIG, '--num-batches', '6', '--warmup',
         '1', '--repeats', '1', '--cfg-options', 'train_dataloader.batch_size=4'
     ],
                       env=train_env).stdout
@@ -54,8 +52,7 @@ def test_one_worker_count_prints_throughput_and_stage_breakdown(
 
 def test_worker_sweep_table_and_recommendation(tmp_path, train_env):
     results = tmp_path / 'sweep.json'
-    out = run_command([
-        sys.executable, TOOL, DEMO_CONFIG, '--split', 'val', '--workers',
+    out = run_script(TOOL, [DEMO_CONFIG, '--split', 'val', '--workers',
         '1,0', '--num-batches', '5', '--warmup', '1', '--repeats', '2',
         '--out',
         str(results), '--cfg-options', 'val_dataloader.batch_size=8'

@@ -1,15 +1,13 @@
 """tools/benchmark_handover.py end to end, shrunk to tiny batches."""
 import re
-import sys
 
 from helpers import REPO_ROOT
 
-from mmdata_plugin.testing import cpu_env, python_path, run_command
+from mmdata_plugin.testing import cpu_env, python_path, run_script
 
 
 def test_benchmark_reports_each_collate_and_the_fed_model():
-    out = run_command([
-        sys.executable, f'{REPO_ROOT}/tools/benchmark_handover.py',
+    out = run_script(f'{REPO_ROOT}/tools/benchmark_handover.py', [
         '--device', 'cpu', '--batch-size', '8', '--size', '32',
         '--batches', '2', '--rounds', '1', '--samples', 'ready', '--feed',
         '--preprocess', '1'
@@ -32,8 +30,7 @@ def test_benchmark_reports_each_collate_and_the_fed_model():
 
 
 def test_decoded_samples_are_jpegs_decoded_in_the_workers():
-    out = run_command([
-        sys.executable, f'{REPO_ROOT}/tools/benchmark_handover.py',
+    out = run_script(f'{REPO_ROOT}/tools/benchmark_handover.py', [
         '--device', 'cpu', '--batch-size', '4', '--size', '32',
         '--batches', '2', '--rounds', '1', '--samples', 'decoded',
         '--jpeg-size', '96x64', '--collates', 'block'

@@ -1,15 +1,13 @@
 """tools/benchmark_raw_arrays.py end to end, shrunk to a few small arrays."""
 import re
-import sys
 
 from helpers import REPO_ROOT
 
-from mmdata_plugin.testing import cpu_env, python_path, run_command
+from mmdata_plugin.testing import cpu_env, python_path, run_script
 
 
 def test_benchmark_checks_bytes_and_reports_every_loader(tmp_path):
-    out = run_command([
-        sys.executable, f'{REPO_ROOT}/tools/benchmark_raw_arrays.py',
+    out = run_script(f'{REPO_ROOT}/tools/benchmark_raw_arrays.py', [
         '--samples', '8', '--shape', '64,64,3', '--dtype', 'uint8',
         '--batch-size', '2', '--repeats', '1', '--work-dir',
         str(tmp_path)

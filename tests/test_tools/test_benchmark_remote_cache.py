@@ -2,18 +2,16 @@
 import importlib.util
 import json
 import os.path as osp
-import sys
 
 from helpers import REPO_ROOT
 
-from mmdata_plugin.testing import cpu_env, python_path, run_command
+from mmdata_plugin.testing import cpu_env, python_path, run_script
 
 
 def test_harness_measures_remote_readers(tmp_path):
     # Two measured configurations (each costs a torchrun start) and one
     # reported as not installable.
-    out = run_command([
-        sys.executable, f'{REPO_ROOT}/tools/benchmark_remote_cache.py',
+    out = run_script(f'{REPO_ROOT}/tools/benchmark_remote_cache.py', [
         '--samples', '120', '--sample-kb', '4', '--latency', '0.01',
         '--epochs', '2', '--workers', '1', '--batch-size', '8',
         '--configs', 'remote_http,litdata,ours', '--budgets', '50',
@@ -55,8 +53,7 @@ def test_harness_measures_remote_readers(tmp_path):
 
 def test_planner_scale_is_measured_against_belady():
     # A look-ahead of 1/40 of an epoch still keeps Belady's 25%.
-    out = run_command([
-        sys.executable, f'{REPO_ROOT}/tools/benchmark_remote_cache.py',
+    out = run_script(f'{REPO_ROOT}/tools/benchmark_remote_cache.py', [
         '--planner-scale', '2e4', '--planner-horizon', '512'
     ],
                       env=cpu_env(dict(PYTHONPATH=python_path(REPO_ROOT))),
@@ -100,8 +97,7 @@ def test_planner_windows_reach_belady():
 
 
 def test_download_cpu_is_measured_clean_and_with_corrupt_bodies(tmp_path):
-    out = run_command([
-        sys.executable, f'{REPO_ROOT}/tools/benchmark_remote_cache.py',
+    out = run_script(f'{REPO_ROOT}/tools/benchmark_remote_cache.py', [
         '--download-cpu', '40', '--sample-kb', '4', '--work-dir',
         str(tmp_path)
     ],

@@ -1,15 +1,13 @@
 """tools/benchmark_sharded.py end to end, shrunk to a few thousand lines."""
 import json
-import sys
 
 from helpers import REPO_ROOT
 
-from mmdata_plugin.testing import cpu_env, python_path, run_command
+from mmdata_plugin.testing import cpu_env, python_path, run_script
 
 
 def test_benchmark_runs_every_approach_and_reports_ratios(tmp_path):
-    out = run_command([
-        sys.executable, f'{REPO_ROOT}/tools/benchmark_sharded.py', '--lines',
+    out = run_script(f'{REPO_ROOT}/tools/benchmark_sharded.py', ['--lines',
         '3000', '--workers', '1', '--batch-size', '100', '--epoch-starts',
         '1', '--index-repeats', '1', '--work-dir',
         str(tmp_path)

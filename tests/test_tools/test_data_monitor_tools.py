@@ -9,7 +9,7 @@ from monitor_helpers import SleepyCollate, SleepyDataset, sleepy_pipeline
 from torch.utils.data import DataLoader
 
 from mmdata_plugin.data_monitor import measure_dataloader, save_report
-from mmdata_plugin.testing import ProcessFailed, run_command
+from mmdata_plugin.testing import ProcessFailed, run_command, run_script
 
 ANALYZE = osp.join(REPO_ROOT, 'tools', 'analyze_data_monitor.py')
 BENCHMARK = osp.join(REPO_ROOT, 'tools', 'benchmark_monitor_overhead.py')
@@ -23,7 +23,7 @@ def test_analyze_rerenders_tables_and_plot(tmp_path, train_env):
     report_path = str(tmp_path / 'data_monitor.json')
     save_report(measure_dataloader(loader, 12, warmup_iters=0), report_path)
 
-    out = run_command([sys.executable, ANALYZE, report_path],
+    out = run_script(ANALYZE, [report_path],
                       env=train_env).stdout
     assert 'Where the data time goes (rank 0, 11 steps' in out
     assert '  02_Sleep' in out
@@ -38,8 +38,7 @@ def test_analyze_rerenders_tables_and_plot(tmp_path, train_env):
 
 
 def test_overhead_benchmark_prints_the_median_ratio(demo_root, train_env):
-    out = run_command([
-        sys.executable, BENCHMARK, '--data-root', demo_root, '--rounds', '1',
+    out = run_script(BENCHMARK, ['--data-root', demo_root, '--rounds', '1',
         '--chunk-seconds', '0.02', '--warmup', '2', '--process-rounds', '2',
         '--steady-rounds', '1', '--steady-batches', '3', '--steady-warmup',
         '4', '--cfg-options', 'train_dataloader.batch_size=4'

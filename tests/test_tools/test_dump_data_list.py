@@ -26,7 +26,7 @@ from mmdata_plugin.datasets import RankShardedDataset
 from mmdata_plugin.datasets.data_list_dump import (NotPlainRecordError,
                                                    dump_data_list)
 from mmdata_plugin.datasets.dump_check import check_dump, format_check
-from mmdata_plugin.testing import python_path, run_command
+from mmdata_plugin.testing import python_path, run_script
 
 TOOL = osp.join(REPO_ROOT, 'tools', 'dump_data_list.py')
 TESTS = osp.dirname(osp.dirname(osp.abspath(__file__)))
@@ -71,7 +71,7 @@ def write_config(path, dataset):
 
 def run_tool(*args, env):
     """The tool in a process of its own; stdout without log lines."""
-    out = run_command([sys.executable, TOOL, *map(str, args)],
+    out = run_script(TOOL, [*map(str, args)],
                       env=dict(env,
                                PYTHONPATH=python_path(REPO_ROOT,
                                                       TESTS))).stdout

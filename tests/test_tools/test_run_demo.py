@@ -1,17 +1,15 @@
 """The README's main job, shrunk: train, SIGKILL after a checkpoint, resume."""
 import os.path as osp
-import sys
 
 from helpers import REPO_ROOT, quick_cfg_options
 
-from mmdata_plugin.testing import run_command
+from mmdata_plugin.testing import run_script
 
 
 def test_run_demo_kills_and_resumes(tmp_path, demo_root, train_env):
     work_dir = tmp_path / 'work'
-    out = run_command([
-        sys.executable,
-        osp.join(REPO_ROOT, 'tools', 'run_demo.py'), '--data-root', demo_root,
+    out = run_script(osp.join(REPO_ROOT, 'tools', 'run_demo.py'), [
+        '--data-root', demo_root,
         '--work-dir',
         str(work_dir), '--kill-after', 'iter_4.pth'
     ] + quick_cfg_options(max_iters=8, interval=4),
