@@ -21,6 +21,7 @@ import os.path as osp
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Dict, List, NamedTuple, Optional
@@ -33,18 +34,22 @@ class Stack(NamedTuple):
     title: str
     python: str  # major.minor
     packages: List[str]  # what the user had before our install
+    disk_gb: float  # the virtualenv at its largest, with pip's downloads
 
 
 STACKS = (
     Stack('floor', 'classic OpenMMLab floor: torch 2.1, numpy 1, mmengine '
           '0.10.3, mmcv-lite 2.1', '3.10',
           ['torch==2.1.2', 'numpy==1.26.4', 'mmengine==0.10.3',
-           'mmcv-lite==2.1.0']),
+           'mmcv-lite==2.1.0'], 8),
     Stack('onedl', 'OneDL engine: onedl-mmengine 0.10.12, numpy 2', '3.11',
-          ['torch==2.13.0', 'onedl-mmengine==0.10.12']),
+          ['torch==2.13.0', 'onedl-mmengine==0.10.12'], 3),
     Stack('newest', 'newest torch served here, Python 3.12, nothing else',
-          '3.12', ['torch==2.14.1']),
+          '3.12', ['torch==2.14.1'], 10),
 )
+# What a failed stack's log shows in CI's own output (its log file does not
+# outlive the CI machine).
+LOG_TAIL_LINES = 25
 
 
 class Result(NamedTuple):
@@ -113,18 +118,70 @@ def stack_versions(python: str) -> str:
                           text=True, check=True).stdout.strip()
 
 
-def check_stack(stack: Stack, work: str, wheel: str,
-                pytest_args: List[str]) -> Result:
-    venv = osp.join(work, stack.name)
+class DiskBudget:
+    """Lets a stack start only when the disk has room for its virtualenv
+    beside those of the stacks already running; otherwise it waits for one
+    of them to finish and remove its own. The machines' disk is shared, and
+    a pip install that runs out of it fails with a message no one reads
+    (CI keeps only the table)."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.reserved_gb = 0.0
+        self.running = 0
+        self.changed = threading.Condition()
+
+    def free_gb(self) -> float:
+        return shutil.disk_usage(self.path).free / 2**30
+
+    def acquire(self, stack: Stack) -> Optional[str]:
+        """None once reserved; else why the stack cannot run at all."""
+        with self.changed:
+            while self.free_gb() - self.reserved_gb < stack.disk_gb:
+                if self.running == 0:
+                    return (f'{self.free_gb():.1f} GB free on the disk of '
+                            f'{self.path}, {stack.name} needs about '
+                            f'{stack.disk_gb:.0f} GB')
+                self.changed.wait(timeout=30)
+            self.reserved_gb += stack.disk_gb
+            self.running += 1
+            return None
+
+    def release(self, stack: Stack) -> None:
+        with self.changed:
+            self.reserved_gb -= stack.disk_gb
+            self.running -= 1
+            self.changed.notify_all()
+
+
+def check_stack(stack: Stack, work: str, wheel: str, pytest_args: List[str],
+                disk: DiskBudget, keep_venv: bool) -> Result:
     log_path = osp.join(work, f'{stack.name}.log')
-    print(f'== {stack.name}: {stack.title} (log: {log_path})', flush=True)
     interpreter = find_python(stack.python)
     if interpreter is None:
         return Result(stack, '', 0, 0, 0, 0,
                       f'FAILED: no Python {stack.python} on this machine')
+    short_of_disk = disk.acquire(stack)
+    if short_of_disk:
+        return Result(stack, '', 0, 0, 0, 0, f'FAILED: {short_of_disk}')
+    print(f'== {stack.name}: {stack.title} (log: {log_path})', flush=True)
+    venv = osp.join(work, stack.name)
+    try:
+        return install_and_test(stack, interpreter, venv, log_path, wheel,
+                                pytest_args)
+    finally:
+        if not keep_venv:
+            shutil.rmtree(venv, ignore_errors=True)
+        disk.release(stack)
+
+
+def install_and_test(stack: Stack, interpreter: str, venv: str,
+                     log_path: str, wheel: str,
+                     pytest_args: List[str]) -> Result:
     shutil.rmtree(venv, ignore_errors=True)
     stack_s = install_s = deps_s = test_s = 0.0
     versions = ''
+    work = osp.dirname(venv)
     with open(log_path, 'w') as log:
         try:
             python = osp.join(venv, 'bin', 'python')
@@ -159,6 +216,21 @@ def check_stack(stack: Stack, work: str, wheel: str,
         summary = [line.strip() for line in log if ' passed' in line]
     return Result(stack, versions, stack_s, install_s, deps_s, test_s,
                   summary[-1].strip('= ') if summary else 'passed')
+
+
+def print_failed_logs(results: List[Result], work: str) -> None:
+    for r in results:
+        log_path = osp.join(work, f'{r.stack.name}.log')
+        if not (failed(r) and osp.exists(log_path)):
+            continue
+        with open(log_path, errors='replace') as log:
+            tail = log.readlines()[-LOG_TAIL_LINES:]
+        print(f'\n== {r.stack.name} failed; the end of {log_path}:')
+        print(''.join(tail).rstrip())
+
+
+def failed(result: Result) -> bool:
+    return result.outcome.startswith('FAILED') or ' failed' in result.outcome
 
 
 def build_wheel(work: str) -> str:
@@ -207,15 +279,17 @@ def main():
         parser.error(f'--stacks: unknown {sorted(unknown)}')
     os.makedirs(args.work_dir, exist_ok=True)
     wheel = build_wheel(args.work_dir)
+    disk = DiskBudget(args.work_dir)
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         results = list(
             pool.map(
                 lambda stack: check_stack(stack, args.work_dir, wheel,
-                                          args.pytest_args),
+                                          args.pytest_args, disk,
+                                          args.keep_venvs),
                 [stack for stack in STACKS if stack.name in wanted]))
     print_table(results)
-    if any(r.outcome.startswith('FAILED') or ' failed' in r.outcome
-           for r in results):
+    print_failed_logs(results, args.work_dir)
+    if any(failed(r) for r in results):
         sys.exit(1)
 
 
