@@ -33,7 +33,8 @@ import sys
 import tempfile
 from typing import Dict, List, Optional, Sequence
 
-from .distributed import cpu_env, raise_if_failed, run_command
+from .distributed import (cpu_env, find_free_port, raise_if_failed,
+                          run_command, torchrun_command)
 
 #: Imported by the zygote before it serves; what a training run imports.
 PRELOAD = ('numpy', 'cv2', 'torch', 'torch._dynamo', 'mmengine.runner',
@@ -71,24 +72,48 @@ def _serve(path: str) -> Optional[dict]:
             if request.get('stop'):
                 listener.close()
                 return None
-            pid = os.fork()
-            if pid == 0:
-                listener.close()
-                return request
+            pids = []
+            for rank_env in request.get('ranks') or [{}]:
+                pid = os.fork()
+                if pid == 0:
+                    listener.close()
+                    request['env'].update(rank_env)
+                    return request
+                pids.append(pid)
             try:
-                _send(conn, dict(pid=pid))
+                _send(conn, dict(pids=pids))
             finally:  # a caller gone (timed out) still leaves no zombie
-                _, status = os.waitpid(pid, 0)
+                returncode = _wait_all(pids)
             try:
-                _send(conn,
-                      dict(returncode=os.waitstatus_to_exitcode(status)))
+                _send(conn, dict(returncode=returncode))
             except OSError:
                 pass  # the caller timed out, killed the run and left
 
 
+def _wait_all(pids: List[int]) -> int:
+    """Wait for every pid; the first failure's exit code, else 0. As
+    torchrun does, a failed rank stops the others (a rank waiting on a
+    collective with a dead peer would wait for gloo's 30-minute timeout)."""
+    returncode = 0
+    running = set(pids)
+    while running:
+        pid, status = os.wait()
+        if pid not in running:
+            continue
+        running.discard(pid)
+        code = os.waitstatus_to_exitcode(status)
+        if code and not returncode:
+            returncode = code
+            for other in running:
+                os.kill(other, signal.SIGKILL)
+    return returncode
+
+
 def _become(request: dict) -> None:
     """Turn this fork into ``python script args`` as the caller asked."""
-    output = os.open(request['output'], os.O_WRONLY | os.O_TRUNC)
+    # Appending: the ranks of one run share the file, as torchrun's ranks
+    # share its output.
+    output = os.open(request['output'], os.O_WRONLY | os.O_APPEND)
     os.dup2(output, 1)
     os.dup2(output, 2)
     os.close(output)
@@ -162,8 +187,17 @@ class WarmPython:
                         for k in IMPORT_TIME_ENV)
                 and _package_root(env) == self.package_root)
 
-    def run(self, script: str, args: Sequence[str], env: Dict[str, str],
-            cwd: Optional[str], timeout: float) -> subprocess.CompletedProcess:
+    def run(self,
+            script: str,
+            args: Sequence[str],
+            env: Dict[str, str],
+            cwd: Optional[str],
+            timeout: float,
+            ranks: Sequence[Dict[str, str]] = ()
+            ) -> subprocess.CompletedProcess:
+        """Run ``script`` in one fork, or in one fork per entry of
+        ``ranks`` (each adds its variables to ``env``)."""
+        command = [sys.executable, script, *args]
         handle, output = tempfile.mkstemp(prefix='run_', dir=self._dir)
         os.close(handle)
         try:
@@ -171,21 +205,21 @@ class WarmPython:
                 conn.connect(self.path)
                 conn.settimeout(timeout)
                 _send(conn, dict(script=script, args=list(args), env=env,
-                                 cwd=cwd or os.getcwd(), output=output))
+                                 cwd=cwd or os.getcwd(), output=output,
+                                 ranks=list(ranks)))
                 with conn.makefile('r') as stream:
-                    pid = _receive(stream)['pid']
+                    pids = _receive(stream)['pids']
                     try:
                         returncode = _receive(stream)['returncode']
                     except socket.timeout:
-                        os.kill(pid, signal.SIGKILL)
-                        raise subprocess.TimeoutExpired(
-                            [sys.executable, script, *args], timeout)
+                        for pid in pids:
+                            _kill(pid)
+                        raise subprocess.TimeoutExpired(command, timeout)
             with open(output, errors='replace') as file:
                 stdout = file.read()
         finally:
             os.remove(output)
-        return subprocess.CompletedProcess([sys.executable, script, *args],
-                                           returncode, stdout)
+        return subprocess.CompletedProcess(command, returncode, stdout)
 
     def close(self) -> None:
         if self.process.poll() is None:
@@ -201,6 +235,13 @@ class WarmPython:
         for name in os.listdir(self._dir):
             os.remove(osp.join(self._dir, name))
         os.rmdir(self._dir)
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass  # it ended as the timeout fell
 
 
 _zygotes: List[WarmPython] = []
@@ -249,6 +290,50 @@ def run_script(script: str,
         return run_command([sys.executable, script, *args], env=env,
                            cwd=cwd, timeout=timeout)
     return raise_if_failed(zygote.run(script, args, env, cwd, timeout))
+
+
+def rank_env(rank: int, nproc: int, port: int) -> Dict[str, str]:
+    """What ``torchrun --nproc_per_node=nproc`` on one node puts into the
+    environment of rank ``rank`` (its ``env://`` rendezvous, without the
+    elastic agent's store: rank 0 hosts the store)."""
+    return dict(
+        MASTER_ADDR='127.0.0.1',
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        GROUP_RANK='0',
+        ROLE_RANK=str(rank),
+        WORLD_SIZE=str(nproc),
+        LOCAL_WORLD_SIZE=str(nproc),
+        ROLE_WORLD_SIZE=str(nproc),
+        TORCHELASTIC_RESTART_COUNT='0',
+        TORCHELASTIC_MAX_RESTARTS='0',
+        TORCHELASTIC_RUN_ID='none')
+
+
+def run_ranks(script: str,
+              args: Sequence[str] = (),
+              nproc: int = 2,
+              env: Optional[Dict[str, str]] = None,
+              cwd: Optional[str] = None,
+              timeout: float = 600) -> subprocess.CompletedProcess:
+    """``script`` on ``nproc`` ranks of one node, as
+    :func:`~.distributed.run_torchrun` runs it (the ranks' environment of
+    :func:`rank_env`, their output together, a failed rank stopping the
+    others, :class:`ProcessFailed` on failure), each rank a fork of the
+    warm interpreter where the call allows it, else under torchrun. The
+    ranks are children of the zygote, not of torchrun: a test of
+    torchrun itself (its restarts, its process tree) runs torchrun.
+    """
+    env = cpu_env(env)
+    zygote = _zygote_for(env)
+    if zygote is None:
+        return run_command(torchrun_command(script, args, nproc), env=env,
+                           cwd=cwd, timeout=timeout)
+    port = find_free_port()
+    ranks = [rank_env(rank, nproc, port) for rank in range(nproc)]
+    return raise_if_failed(
+        zygote.run(script, args, env, cwd, timeout, ranks=ranks))
 
 
 if __name__ == '__main__':

@@ -5,7 +5,7 @@ import os.path as osp
 
 from helpers import REPO_ROOT
 
-from mmdata_plugin.testing import cpu_env, python_path, run_torchrun
+from mmdata_plugin.testing import cpu_env, python_path, run_ranks
 
 SCRIPT = osp.join(osp.dirname(__file__), 'rank_sharded_dist_script.py')
 
@@ -15,7 +15,7 @@ def test_two_ranks_cover_every_sample_each_epoch(tmp_path):
     ann.write_text(''.join(f'dir/img_{i:07d}.jpg {i % 7}\n'
                            for i in range(101)))
     out = tmp_path / 'summary.json'
-    run_torchrun(
+    run_ranks(
         SCRIPT, [str(ann), str(out)],
         nproc=2,
         env=cpu_env(dict(PYTHONPATH=python_path(REPO_ROOT))),

@@ -20,7 +20,7 @@ from torch.utils.data import BatchSampler, DataLoader
 from mmdata_plugin.data_monitor.worker_timing import (TimedCollate,
                                                       TimedTransform)
 from mmdata_plugin.engine import DataMonitorHook, apply_data_monitor_env
-from mmdata_plugin.testing import python_path, run_torchrun
+from mmdata_plugin.testing import python_path, run_ranks
 
 LOOPS = ('iter', 'epoch', 'lazy')
 # pin_memory=True runs on this CPU-only machine; torch warns it is a no-op.
@@ -342,7 +342,7 @@ def test_two_rank_run_names_the_slowed_rank(tmp_path, train_env):
         MMDATA_MONITOR='1',
         PYTHONPATH=python_path(REPO_ROOT, str(tmp_path)))
     work_dir = tmp_path / 'work'
-    out = run_torchrun(
+    out = run_ranks(
         TRAIN_SCRIPT, [
             str(config), '--work-dir',
             str(work_dir), '--launcher', 'pytorch',

@@ -11,8 +11,7 @@ import pytest
 from helpers import DEMO_CONFIG, REPO_ROOT, TRAIN_SCRIPT
 from resume_probe import records, samples_by_position
 
-from mmdata_plugin.testing import (cpu_env, python_path, run_script,
-                                   run_torchrun,
+from mmdata_plugin.testing import (cpu_env, python_path, run_ranks, run_script,
                                    run_until_checkpoint_then_kill)
 
 BATCH = 4
@@ -98,7 +97,7 @@ def two_rank_run(tmp_path_factory, probe_env):
     tmp = tmp_path_factory.mktemp('two_ranks')
     config = write_config(tmp / 'cfg.py', max_iters=12, num_workers=1)
     work_dir = tmp / 'work'
-    run_torchrun(
+    run_ranks(
         TRAIN_SCRIPT,
         train_args(config, work_dir, '--launcher', 'pytorch'),
         env=probe_env)
@@ -110,7 +109,7 @@ def test_two_ranks_resume_exactly(two_rank_run, probe_env):
     config = write_config(
         tmp / 'resume.py', max_iters=12, persistent_workers=False)
     work_dir = tmp / 'resumed'
-    out = run_torchrun(
+    out = run_ranks(
         TRAIN_SCRIPT,
         train_args(config, work_dir, '--launcher', 'pytorch', '--resume',
                    str(full / 'iter_4.pth')),
@@ -145,7 +144,7 @@ def test_world_size_1_to_2_continues_the_global_stream(
     tmp, killed = killed_run
     config = write_config(tmp / 'two.py', max_iters=12, interval=8)
     work_dir = tmp / 'two_ranks'
-    run_torchrun(
+    run_ranks(
         TRAIN_SCRIPT,
         train_args(config, work_dir, '--launcher', 'pytorch', '--resume',
                    str(killed / 'iter_8.pth')),

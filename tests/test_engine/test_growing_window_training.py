@@ -15,7 +15,7 @@ from fast_resume_toys import make_runner, recorder_of
 from helpers import DEMO_CONFIG, REPO_ROOT, TRAIN_SCRIPT
 
 from mmdata_plugin.sample_order import GrowingWindow
-from mmdata_plugin.testing import python_path, run_script, run_torchrun
+from mmdata_plugin.testing import python_path, run_ranks, run_script
 from mmdata_plugin.utils.checkpoint_safety import load_from_local_safely
 
 BATCH = 4
@@ -119,7 +119,7 @@ def full_run(tmp_path_factory, probe_env):
     tmp = tmp_path_factory.mktemp('growing_window')
     config = write_config(tmp / 'cfg.py', max_iters=8, num_workers=1)
     work_dir = tmp / 'work'
-    run_torchrun(
+    run_ranks(
         TRAIN_SCRIPT,
         [config, '--work-dir', str(work_dir), '--launcher', 'pytorch'],
         env=probe_env)
@@ -144,7 +144,7 @@ def test_two_ranks_resume_mid_epoch_exactly(full_run, probe_env):
     config = write_config(
         tmp / 'resume.py', max_iters=8, persistent_workers=False)
     work_dir = tmp / 'resumed'
-    out = run_torchrun(
+    out = run_ranks(
         TRAIN_SCRIPT,
         [config, '--work-dir', str(work_dir), '--launcher', 'pytorch',
          '--resume', str(full / 'iter_4.pth')],

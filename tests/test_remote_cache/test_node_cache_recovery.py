@@ -31,8 +31,7 @@ from mmdata_plugin.cache.store_ledger import StoreLedger
 from mmdata_plugin.remote_cache.node_cache_backend import (NodeCacheBackend,
                                                            write_victims)
 from mmdata_plugin.testing import (LoopbackHTTPServer, cpu_env, descendants,
-                                   python_path, run_script,
-                                   run_torchrun,
+                                   python_path, run_ranks, run_script,
                                    run_until_checkpoint_then_kill,
                                    torchrun_command)
 from mmdata_plugin.utils import make_demo_dataset
@@ -107,7 +106,7 @@ train_dataloader = dict(
 def train(config, work_dir, env, *extra, nproc=1):
     args = [config, '--work-dir', str(work_dir), *extra]
     if nproc > 1:
-        return run_torchrun(TRAIN_SCRIPT, args + ['--launcher', 'pytorch'],
+        return run_ranks(TRAIN_SCRIPT, args + ['--launcher', 'pytorch'],
                             nproc=nproc, env=env, timeout=RUN_TIMEOUT).stdout
     return run_script(TRAIN_SCRIPT, args, env=env,
                       timeout=RUN_TIMEOUT).stdout

@@ -8,8 +8,7 @@ from cache_usage import UsageSampler, disk_bytes, run_env
 from helpers import REPO_ROOT, TRAIN_SCRIPT, quick_cfg_options
 
 from mmdata_plugin.cache.node_store import NodeStore
-from mmdata_plugin.testing import (LoopbackHTTPServer, run_script,
-                                   run_torchrun)
+from mmdata_plugin.testing import LoopbackHTTPServer, run_ranks, run_script
 from mmdata_plugin.utils import make_demo_dataset
 
 CONFIG = f'{REPO_ROOT}/configs/demo/tinycnn_demo-jpeg-http-nodecache.py'
@@ -38,7 +37,7 @@ def test_two_ranks_two_workers_hold_the_budget(bigger_demo, train_env,
             MMDATA_NODE_CACHE_LIMIT=str(limit))
         # 2 ranks x batch 4 x 50 iterations = two passes over the 200.
         with sampler:
-            out = run_torchrun(
+            out = run_ranks(
                 TRAIN_SCRIPT, [
                     CONFIG, '--work-dir',
                     str(tmp_path / 'work'), '--launcher', 'pytorch'

@@ -7,7 +7,8 @@ import time
 import pytest
 from helpers import REPO_ROOT
 
-from mmdata_plugin.testing import ProcessFailed, python_path, run_script
+from mmdata_plugin.testing import (ProcessFailed, python_path, run_ranks,
+                                   run_script)
 from mmdata_plugin.testing import warm_python
 
 SCRIPT = """
@@ -77,3 +78,43 @@ def test_another_checkout_first_on_the_path_is_the_one_imported(
     out = run_script(script, ['0'], env=env).stdout
     assert f'package {tmp_path}/mmdata_plugin/__init__.py' in out
     assert 'threads 1' in out
+
+
+RANKS_SCRIPT = """
+import os, sys, time
+import torch, torch.distributed as dist
+dist.init_process_group('gloo')
+rank = dist.get_rank()
+total = torch.tensor([rank + 1])
+dist.all_reduce(total)
+print(f'rank {rank} of {dist.get_world_size()} local',
+      os.environ['LOCAL_RANK'], os.environ['LOCAL_WORLD_SIZE'],
+      'sum', int(total), 'ppid', os.getppid(), flush=True)
+if sys.argv[1] == 'fail' and rank == 1:
+    sys.exit(5)
+if sys.argv[1] == 'fail':
+    time.sleep(60)  # stopped by the failed rank, as torchrun stops it
+dist.destroy_process_group()
+"""
+
+
+def test_ranks_rendezvous_as_torchrun_ranks_and_share_one_output(tmp_path):
+    script = tmp_path / 'ranks.py'
+    script.write_text(RANKS_SCRIPT)
+    env = dict(PYTHONPATH=python_path(REPO_ROOT))
+    out = run_ranks(str(script), ['ok'], nproc=3, env=env).stdout
+    for rank in range(3):
+        assert f'rank {rank} of 3 local {rank} 3 sum 6' in out
+    (zygote, ) = [z for z in warm_python._zygotes if z.serves(
+        warm_python.cpu_env(env))]
+    assert out.count(f'ppid {zygote.process.pid}') == 3
+
+
+def test_a_failed_rank_stops_the_others(tmp_path):
+    script = tmp_path / 'ranks.py'
+    script.write_text(RANKS_SCRIPT)
+    env = dict(PYTHONPATH=python_path(REPO_ROOT))
+    start = time.monotonic()
+    with pytest.raises(ProcessFailed, match='exit code 5'):
+        run_ranks(str(script), ['fail'], nproc=2, env=env, timeout=50)
+    assert time.monotonic() - start < 40
