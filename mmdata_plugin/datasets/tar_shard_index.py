@@ -348,13 +348,15 @@ def _index_shard(number: int, shard: str, exts: Sequence[str],
         with open(download_path, 'wb') as sink:
             stat = backend.download(shard, sink)
         entry = dict(url=shard, size=stat.size, etag=stat.etag)
-        writer.add_shard(number, shard,
-                         iter_shard_samples(download_path, shard, exts))
+        writer.add_shard(
+            number, shard,
+            iter_shard_samples(download_path, shard, exts, writer.last))
         os.remove(download_path)
     else:
         fingerprint = local_fingerprint(shard)
-        writer.add_shard(number, shard, iter_shard_samples(shard, shard,
-                                                           exts))
+        writer.add_shard(
+            number, shard,
+            iter_shard_samples(shard, shard, exts, writer.last))
         if local_fingerprint(shard) != fingerprint:
             raise StaleIndexError(f'{shard} changed while it was being '
                                   'indexed')
@@ -370,8 +372,8 @@ class _RecordWriter:
         self.dtype = record_dtype(exts)
         self.count = 0
         self.keys_size = 0
-        self.last_key: Optional[str] = None
-        self.last_shard: Optional[str] = None
+        # (shard, key) of the last sample written
+        self.last: Optional[tuple] = None
         self._buffer = np.zeros(_BATCH, self.dtype)
         self._ends = np.zeros(_BATCH, '<u8')
         self._keys = bytearray()
@@ -381,12 +383,7 @@ class _RecordWriter:
         self._files = (records, keys, key_ends)
 
     def add_shard(self, number: int, shard: str, samples) -> None:
-        for position, sample in enumerate(samples):
-            if position == 0 and sample.key == self.last_key:
-                raise TarShardError(
-                    f'{shard}: sample {sample.key!r} (from byte '
-                    f'{sample.offset}) continues the last sample of '
-                    f'{self.last_shard}: a key split across two shards')
+        for sample in samples:
             record = self._buffer[self._filled]
             record['shard'] = number
             record['offset'] = [sample.spans[ext][0] for ext in self.exts]
@@ -399,10 +396,9 @@ class _RecordWriter:
             self._ends[self._filled] = self.keys_size
             self._filled += 1
             self.count += 1
-            self.last_key = sample.key
+            self.last = (shard, sample.key)
             if self._filled == _BATCH:
                 self.flush()
-        self.last_shard = shard
 
     def flush(self) -> None:
         records, keys, key_ends = self._files

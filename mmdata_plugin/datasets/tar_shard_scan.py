@@ -11,7 +11,8 @@ included); only ``.cls`` members are read for their label.
 import os
 import re
 import tarfile
-from typing import BinaryIO, Dict, Iterator, NamedTuple, Optional, Sequence
+from typing import (BinaryIO, Dict, Iterator, NamedTuple, Optional, Sequence,
+                    Tuple)
 
 LABEL_EXT = 'cls'
 _KEY_EXT = re.compile(r'^((?:.*/|)[^.]+)[.]([^/]*)$')
@@ -46,8 +47,11 @@ class ShardSample(NamedTuple):
     label: Optional[int]
 
 
-def iter_shard_samples(path: str, name: str,
-                       exts: Sequence[str]) -> Iterator[ShardSample]:
+def iter_shard_samples(
+        path: str,
+        name: str,
+        exts: Sequence[str],
+        previous: Optional[Tuple[str, str]] = None) -> Iterator[ShardSample]:
     """The samples of the local tar file ``path``, in shard order.
 
     Args:
@@ -55,12 +59,15 @@ def iter_shard_samples(path: str, name: str,
         name (str): The shard as errors name it (its URL).
         exts (Sequence[str]): Extensions every sample must have; their
             members' spans are reported, the others' skipped.
+        previous (tuple, optional): ``(shard, key)`` of the last sample of
+            the shard before: a first sample with that key is one key split
+            across two shards.
 
     Raises:
         TarShardError: Not an uncompressed tar, truncated or damaged, a
-            sample whose members are not consecutive, one with a member
-            twice, or one without a member of ``exts``, naming the shard
-            and the member or byte.
+            sample whose members are not consecutive or split across
+            shards, one with a member twice, or one without a member of
+            ``exts``, naming the shard and the member or byte.
     """
     size = os.path.getsize(path)
     with open(path, 'rb') as file:
@@ -72,6 +79,9 @@ def iter_shard_samples(path: str, name: str,
             raise TarShardError(f'{name}: not a tar file ({error})') from None
         pending: Optional[_Pending] = None
         keys_seen = set()
+        # Raised at the end: a sample incomplete here may have its other
+        # members further on, which is the better error to give.
+        incomplete: Optional[str] = None
         try:
             for member in tar:
                 match = _KEY_EXT.match(member.name)
@@ -84,9 +94,16 @@ def iter_shard_samples(path: str, name: str,
                         f'{member.offset} ends at byte '
                         f'{member.offset_data + member.size}, the shard at '
                         f'{size}')
+                if pending is None and previous and key == previous[1]:
+                    raise TarShardError(
+                        f'{name}: sample {key!r} (from byte {member.offset}) '
+                        f'continues the last sample of {previous[0]}: a key '
+                        'split across two shards')
                 if pending is None or key != pending.key:
                     if pending is not None:
-                        yield pending.sample(name, exts)
+                        incomplete = incomplete or pending.missing(name, exts)
+                        if incomplete is None:
+                            yield pending.sample()
                     if key in keys_seen:
                         raise TarShardError(
                             f'{name}: the members of sample {key!r} are not '
@@ -100,8 +117,12 @@ def iter_shard_samples(path: str, name: str,
                 f'{name}: damaged or truncated tar after byte {tar.offset} '
                 f'({error})') from None
         if pending is not None:
-            yield pending.sample(name, exts)
+            incomplete = incomplete or pending.missing(name, exts)
         _check_end(file, tar.offset, name)
+        if incomplete is not None:
+            raise TarShardError(incomplete)
+        if pending is not None:
+            yield pending.sample()
 
 
 class _Pending:
@@ -133,13 +154,15 @@ class _Pending:
                     f'{name}: {member.name!r} at byte {member.offset} holds '
                     f'{text[:40]!r}, not an integer class label') from None
 
-    def sample(self, name: str, exts: Sequence[str]) -> ShardSample:
+    def missing(self, name: str, exts: Sequence[str]) -> Optional[str]:
+        """The error of a sample without a member of ``exts``, or None."""
         missing = [ext for ext in exts if ext not in self.spans]
-        if missing:
-            raise TarShardError(
-                f'{name}: sample {self.key!r} (from byte {self.offset}) has '
-                f'no .{missing[0]} member; it has '
-                f'{sorted(self.exts_seen)}')
+        if not missing:
+            return None
+        return (f'{name}: sample {self.key!r} (from byte {self.offset}) has '
+                f'no .{missing[0]} member; it has {sorted(self.exts_seen)}')
+
+    def sample(self) -> ShardSample:
         return ShardSample(self.key, self.offset, self.spans, self.label)
 
 
@@ -154,14 +177,15 @@ def _refuse_compressed(head: bytes, name: str) -> None:
 
 
 def _check_end(file: BinaryIO, end: int, name: str) -> None:
-    """After the last member only the end-of-archive zeros may follow: a
-    header the stream reader stopped at means a cut or damaged shard."""
+    """After the last member only the end-of-archive zeros may follow, one
+    512-byte block at least: a header the stream reader stopped at, or no
+    end at all, means a cut or damaged shard."""
     file.seek(end)
     position = end
     while True:
         chunk = file.read(_TAIL_CHUNK)
         if not chunk:
-            return
+            break
         rest = chunk.lstrip(b'\0')
         if rest:
             raise TarShardError(
@@ -170,3 +194,7 @@ def _check_end(file: BinaryIO, end: int, name: str) -> None:
                 'header that can be read (a shard cut short or '
                 'overwritten?)')
         position += len(chunk)
+    if position - end < tarfile.BLOCKSIZE:
+        raise TarShardError(
+            f'{name}: truncated tar: it ends at byte {position} after a '
+            'member, without the end-of-archive blocks (a shard cut short?)')
