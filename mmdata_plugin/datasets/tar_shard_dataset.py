@@ -24,7 +24,8 @@ _ANN_EXTS = (None, LABEL_EXT, 'json')
 
 def expand_shards(shards: Union[str, Sequence[str]],
                   data_root: str = '') -> List[str]:
-    """The shard list a config names, each joined with ``data_root``.
+    """The shard list a config names, each joined with ``data_root``
+    (unless it is a URL itself).
 
     A string is expanded: ``{000000..000099}`` ranges (WebDataset's
     notation, zero-padded like the first bound), then a local pattern with
@@ -34,8 +35,9 @@ def expand_shards(shards: Union[str, Sequence[str]],
     names = [shards] if isinstance(shards, str) else list(shards)
     found = []
     for name in names:
-        for path in _expand_ranges(join_path(data_root, name)
-                                   if data_root else name):
+        joined = name if is_remote_shard(name) or not data_root else \
+            join_path(data_root, name)
+        for path in _expand_ranges(joined):
             if is_remote_shard(path):
                 found.append(path)
             elif glob.has_magic(path):

@@ -159,7 +159,7 @@ def test_expand_shards(tmp_path):
     local = [str(tmp_path / 'b-0.tar'), str(tmp_path / 'b-1.tar')]
     assert expand_shards('b-*.tar', str(tmp_path)) == local
     assert expand_shards('list.txt', str(tmp_path)) == local[::-1]
-    assert expand_shards('s3://x/p-{08..10}.tar') == [
+    assert expand_shards('s3://x/p-{08..10}.tar', str(tmp_path)) == [
         's3://x/p-08.tar', 's3://x/p-09.tar', 's3://x/p-10.tar'
     ]
 
