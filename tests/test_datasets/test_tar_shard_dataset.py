@@ -86,14 +86,29 @@ def test_pipeline_reads_each_sample_from_its_member(shard_folder):
         assert int(packed['data_samples'].gt_label) == int(members['cls'])
 
 
+def collate(batch):
+    return dict(
+        inputs=torch.stack([item['inputs'] for item in batch]),
+        data_samples=dict(
+            sample_idx=[item['data_samples'].sample_idx for item in batch],
+            gt_label=[item['data_samples'].gt_label for item in batch]))
+
+
 def _keys_and_labels(loader):
     return [(int(i), int(label)) for batch in loader
             for i, label in zip(batch['data_samples']['sample_idx'],
                                 batch['data_samples']['gt_label'])]
 
 
-@pytest.mark.parametrize('sampler_type', [DefaultSampler, RankShardedSampler])
-def test_forked_workers_give_the_samplers_samples(shard_folder, sampler_type):
+# A spawned worker starts bare: unpickling the dataset must register the
+# tarmember backend again (one worker: each costs seconds of imports).
+@pytest.mark.parametrize('sampler_type, context, num_workers', [
+    (DefaultSampler, 'fork', 2),
+    (RankShardedSampler, 'fork', 2),
+    (DefaultSampler, 'spawn', 1),
+])
+def test_workers_give_the_samplers_samples(shard_folder, sampler_type,
+                                           context, num_workers):
     root, expected = shard_folder
     dataset = make_dataset(
         root,
@@ -106,19 +121,11 @@ def test_forked_workers_give_the_samplers_samples(shard_folder, sampler_type):
     order = list(iter(sampler))
     assert sorted(order) == list(range(len(expected)))
 
-    def collate(batch):
-        return dict(
-            inputs=torch.stack([item['inputs'] for item in batch]),
-            data_samples=dict(
-                sample_idx=[item['data_samples'].sample_idx
-                            for item in batch],
-                gt_label=[item['data_samples'].gt_label for item in batch]))
-
     in_process = DataLoader(dataset, batch_size=4, sampler=sampler,
                             collate_fn=collate)
     workers = DataLoader(dataset, batch_size=4, sampler=sampler,
-                         collate_fn=collate, num_workers=2,
-                         multiprocessing_context='fork')
+                         collate_fn=collate, num_workers=num_workers,
+                         multiprocessing_context=context)
     got = _keys_and_labels(workers)
     assert got == _keys_and_labels(in_process)
     assert got == [(i, int(expected[i][1]['cls'])) for i in order]
