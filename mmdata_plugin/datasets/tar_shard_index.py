@@ -14,9 +14,10 @@ File layout (little-endian, every array at an 8-byte boundary):
   ``size`` (uint64 each, one per extension, in the order of ``exts``) and,
   when ``cls`` is one of the extensions, ``label`` (int64): 4 + 16 E (+ 8)
   bytes per sample;
-* ``key_ends``: ``num_samples`` uint64, the end of each sample's key in
 * ``keys``: the keys' UTF-8 bytes, back to back;
-* the JSON header: version, extensions, record dtype, counts, where the
+* ``key_ends``: ``num_samples`` uint64, where each sample's key ends in
+  ``keys``;
+* the JSON header: version, extensions, record size, counts, where the
   arrays start, and per shard its URL (an absolute path if local), first
   sample, number of samples, size and mtime (local) or ETag (remote);
 * 16 bytes: the header's offset (uint64), then the magic.
@@ -30,7 +31,6 @@ changed shard is refused at its first read, naming it, at no extra request.
 """
 import hashlib
 import json
-import logging
 import os
 import os.path as osp
 import re
@@ -202,8 +202,10 @@ def read_header(path: str) -> Dict:
     record_size = record_dtype(header['exts']).itemsize
     records_end = header['records_offset'] + header['num_samples'] * \
         record_size
-    if header['record_size'] != record_size or records_end > header['keys_offset'] or header[
-            'key_ends_offset'] + 8 * header['num_samples'] > header_offset:
+    key_ends_end = header['key_ends_offset'] + 8 * header['num_samples']
+    if (header['record_size'] != record_size
+            or records_end > header['keys_offset']
+            or key_ends_end > header_offset):
         raise StaleIndexError(f'{path}: damaged header')
     return header
 
