@@ -42,13 +42,23 @@ def _builders(demo_root):
     Every component the package registers must appear here, so that a new
     one cannot ship without a build test.
     """
+    import os.path as osp
+
     import torch
+
+    from mmdata_plugin.datasets.tar_shard_writer import pack_image_list
+    pack_image_list(
+        osp.join(demo_root, 'val.txt'), demo_root,
+        osp.join(demo_root, 'tar'), 'val', samples_per_shard=16)
     return {
         ('MODELS', 'TinyCNNClassifier'): (dict(num_classes=3), {}),
         ('DATASETS', 'ImageListDataset'):
         (dict(data_root=demo_root, ann_file='val.txt'), {}),
         ('DATASETS', 'RankShardedDataset'):
         (dict(data_root=demo_root, ann_file='val.txt'), {}),
+        ('DATASETS', 'TarShardDataset'):
+        (dict(data_root=demo_root, shards='tar/val-*.tar', ann_ext='cls'),
+         {}),
         ('DATA_SAMPLERS', 'RankShardedSampler'):
         (dict(mini_epochs=2), dict(dataset=range(8), seed=0)),
         ('DATA_SAMPLERS', 'RankShardedInfiniteSampler'):

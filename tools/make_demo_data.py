@@ -1,7 +1,9 @@
 # Write the demo image-classification set (real JPEGs of mixed sizes).
 import argparse
+import os.path as osp
 import time
 
+from mmdata_plugin.datasets.tar_shard_writer import pack_image_list
 from mmdata_plugin.utils import make_demo_dataset
 
 
@@ -20,6 +22,13 @@ def parse_args():
         help='cap on the longer image side, in pixels')
     parser.add_argument('--quality', type=int, default=90, help='JPEG quality')
     parser.add_argument('--seed', type=int, default=0)
+    parser.add_argument(
+        '--tar-shards',
+        type=int,
+        default=0,
+        metavar='N',
+        help='also pack each split into WebDataset tar shards of N samples '
+        'under OUT/tar (configs/demo/tinycnn_demo-jpeg-tar.py reads them)')
     return parser.parse_args()
 
 
@@ -36,6 +45,13 @@ def main():
     print(f'Wrote {args.num_train} train and {args.num_val} val images to '
           f'{args.out} in {time.perf_counter() - start:.1f} s; annotations: '
           + ', '.join(ann_files.values()))
+    if args.tar_shards:
+        for split, ann_file in ann_files.items():
+            shards = pack_image_list(ann_file, args.out,
+                                     osp.join(args.out, 'tar'), split,
+                                     args.tar_shards)
+            print(f'Packed {split} into {len(shards)} tar shards: '
+                  f'{shards[0]} ...')
 
 
 if __name__ == '__main__':

@@ -9,6 +9,10 @@ from .rank_sharded_dataset import RankShardedDataset
 from .rank_sharded_sampler import (RankShardedInfiniteSampler,
                                    RankShardedSampler)
 from .sample_seeded_dataset import SampleSeededDataset
+from .tar_shard_dataset import TarShardDataset, expand_shards
+from .tar_shard_index import (TarShardIndex, build_tar_shard_index,
+                              default_tar_index_path, ensure_tar_shard_index)
+from .tar_shard_scan import TarShardError
 
 __all__ = [
     'AnnotationFormatError', 'decode_line', 'iter_path_labels',
@@ -16,5 +20,8 @@ __all__ = [
     'window_capacity', 'ImageListDataset', 'LineIndex', 'StaleIndexError',
     'build_line_index',
     'default_index_path', 'ensure_line_index', 'RankShardedDataset',
-    'RankShardedSampler', 'RankShardedInfiniteSampler', 'SampleSeededDataset'
+    'RankShardedSampler', 'RankShardedInfiniteSampler', 'SampleSeededDataset',
+    'TarShardDataset', 'expand_shards', 'TarShardIndex',
+    'build_tar_shard_index', 'default_tar_index_path',
+    'ensure_tar_shard_index', 'TarShardError'
 ]

@@ -76,15 +76,21 @@ def shared_index_path(ann_file: str) -> str:
     return osp.abspath(ann_file) + INDEX_SUFFIX
 
 
-def private_index_path(ann_file: str, index_dir: Optional[str] = None) -> str:
-    """The index in ``index_dir``, ``$MMDATA_INDEX_DIR`` or
-    ``~/.cache/mmdata_plugin/line_index``, under a name that includes a hash
-    of the annotation file's real path."""
-    index_dir = index_dir or os.environ.get(INDEX_DIR_ENV) or osp.join(
+def private_index_folder(index_dir: Optional[str] = None) -> str:
+    """``index_dir``, else ``$MMDATA_INDEX_DIR``, else
+    ``~/.cache/mmdata_plugin/line_index``: where indexes go that are not
+    kept next to their data."""
+    return index_dir or os.environ.get(INDEX_DIR_ENV) or osp.join(
         osp.expanduser('~'), '.cache', 'mmdata_plugin', 'line_index')
+
+
+def private_index_path(ann_file: str, index_dir: Optional[str] = None) -> str:
+    """The index in :func:`private_index_folder`, under a name that
+    includes a hash of the annotation file's real path."""
     key = hashlib.sha1(osp.realpath(ann_file).encode()).hexdigest()[:12]
-    return osp.join(index_dir,
-                    f'{osp.basename(ann_file)}.{key}{INDEX_SUFFIX}')
+    return osp.join(
+        private_index_folder(index_dir),
+        f'{osp.basename(ann_file)}.{key}{INDEX_SUFFIX}')
 
 
 def folder_writable(folder: str) -> bool:
@@ -157,7 +163,8 @@ def file_fingerprint(path: str) -> Dict:
         size=stat.st_size, mtime_ns=stat.st_mtime_ns, edges=digest.hexdigest())
 
 
-def _changes(recorded: Dict, current: Dict) -> str:
+def fingerprint_changes(recorded: Dict, current: Dict) -> str:
+    """``key old -> new`` for each key of ``current`` that differs."""
     return ', '.join(f'{key} {recorded.get(key)} -> {value}'
                      for key, value in current.items()
                      if recorded.get(key) != value)
@@ -206,8 +213,8 @@ class LineIndex:
             now = dict(size=stat.st_size, mtime_ns=stat.st_mtime_ns)
             raise StaleIndexError(
                 f'{self.ann_file} changed after its index {self.path} was '
-                f'opened ({_changes(recorded, now)}); restart the run to '
-                're-index it')
+                f'opened ({fingerprint_changes(recorded, now)}); restart the '
+                'run to re-index it')
 
     def span(self, sample: int) -> Tuple[int, int]:
         """Byte range ``[start, end)`` of sample ``sample``."""
@@ -370,7 +377,8 @@ def index_problem(index_path: str, ann_file: str, fmt: str) -> Optional[str]:
     if header.get('data_start', 0) != data_start(ann_file):
         return ('it was built before byte-order marks were skipped, and the '
                 'file starts with one')
-    changes = _changes(header['fingerprint'], file_fingerprint(ann_file))
+    changes = fingerprint_changes(header['fingerprint'],
+                                  file_fingerprint(ann_file))
     return f'the annotation file changed ({changes})' if changes else None
 
 
@@ -426,12 +434,22 @@ def ensure_line_index(ann_file: str,
         if problem is not None:
             # Only a build can have left one (listing a large folder at
             # every start would not be free).
-            _remove_abandoned_builds(index_path)
+            remove_abandoned_builds(index_path)
             build_line_index(ann_file, index_path, fmt, progress)
     return LineIndex(index_path, ann_file)
 
 
-def _remove_abandoned_builds(index_path: str) -> None:
+def build_tmp_path(index_path: str) -> str:
+    """The file a build of ``index_path`` writes before its atomic rename.
+
+    Named by its builder, so a build killed half way (kill -9, torchrun
+    stopping the other ranks) is removed by the next one.
+    """
+    return _TMP_INFIX.join(
+        (index_path, owner_file_name(current_owner(), 'index')))
+
+
+def remove_abandoned_builds(index_path: str) -> None:
     """Delete the temp files of builds of ``index_path`` whose process is
     gone (an index of 1e9 lines is 8 GB)."""
     folder, stem = osp.split(osp.abspath(index_path))
@@ -450,10 +468,7 @@ def build_line_index(ann_file: str,
     start_time = time.perf_counter()
     fingerprint = file_fingerprint(ann_file)
     os.makedirs(osp.dirname(osp.abspath(index_path)), exist_ok=True)
-    # Named by its builder, so a build killed half way (kill -9, torchrun
-    # stopping the other ranks) is removed by the next one.
-    tmp_path = _TMP_INFIX.join(
-        (index_path, owner_file_name(current_owner(), 'index')))
+    tmp_path = build_tmp_path(index_path)
     bar = ByteProgressBar(fingerprint['size'], f'indexing {ann_file}',
                        progress)
     try:

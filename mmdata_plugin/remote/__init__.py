@@ -11,6 +11,9 @@ from .registration import register_remote_backends
 from .remote_backend import RemoteBackend, RemoteBody, RemoteStat
 from .retry import RetryPolicy
 from .s3_backend import S3Backend, split_s3_url
+from .tar_member_backend import (MemberPathError, ShardChangedError,
+                                 TarMemberBackend, member_path,
+                                 parse_member_path)
 
 register_remote_backends()
 
@@ -19,5 +22,7 @@ __all__ = [
     'RemoteIOError',
     'RemoteNotFoundError', 'RemoteUnavailableError', 'RetryableError',
     'HTTPRemoteBackend', 'register_remote_backends', 'RemoteBackend',
-    'RemoteBody', 'RemoteStat', 'RetryPolicy', 'S3Backend', 'split_s3_url'
+    'RemoteBody', 'RemoteStat', 'RetryPolicy', 'S3Backend', 'split_s3_url',
+    'MemberPathError', 'ShardChangedError', 'TarMemberBackend', 'member_path',
+    'parse_member_path'
 ]
