@@ -56,13 +56,36 @@ def run_until_checkpoint_then_kill(cmd: Sequence[str],
         stdout=stdout,
         stderr=subprocess.STDOUT if stdout is not None else None,
         start_new_session=True)
+    return kill_after_checkpoint(proc, work_dir, checkpoint_name, timeout,
+                                 extra_delay)
+
+
+def kill_after_checkpoint(proc,
+                          work_dir: str,
+                          checkpoint_name: str,
+                          timeout: float = 600,
+                          extra_delay: float = 0.0) -> int:
+    """SIGKILL the process group of a started run after a checkpoint, as
+    :func:`run_until_checkpoint_then_kill` does.
+
+    Args:
+        proc: The run, in a session of its own: a ``subprocess.Popen`` or
+            what :func:`~.warm_python.start_script` returns.
+        work_dir (str): Its work dir.
+        checkpoint_name (str): E.g. ``'iter_150.pth'``.
+        timeout (float): Seconds to wait for the checkpoint.
+        extra_delay (float): Seconds to let it run after the checkpoint.
+
+    Returns:
+        int: The process's return code (negative: killed by that signal).
+    """
     deadline = time.monotonic() + timeout
     try:
         while not str(last_checkpoint(work_dir)).endswith(checkpoint_name):
             if proc.poll() is not None:
                 raise RuntimeError(
                     f'the run ended (code {proc.returncode}) before saving '
-                    f'{checkpoint_name}: {" ".join(cmd)}')
+                    f'{checkpoint_name}: {" ".join(map(str, proc.args))}')
             if time.monotonic() > deadline:
                 raise TimeoutError(
                     f'no {checkpoint_name} in {work_dir} after {timeout} s')

@@ -17,11 +17,16 @@ modules were imported: the environment variables torch reads then, and
 which checkout of this package is imported. Each combination of those gets
 a zygote of its own; where the package is not found on the caller's
 ``PYTHONPATH`` (installed), a fresh interpreter runs the script
-(:func:`~.distributed.run_command`). Runs that a test kills or inspects as
-a process tree are not for this: their process is the zygote's child, not
-the caller's.
+(:func:`~.distributed.run_command`).
+
+:func:`start_script` starts such a run without waiting (a run a test
+kills), :func:`run_ranks` runs one fork per rank with torchrun's
+environment. Their processes are the zygote's grandchildren, not the
+caller's children: what the caller has is their pids and, from the
+zygote, their exit codes.
 """
 import atexit
+import contextlib
 import json
 import os
 import os.path as osp
@@ -59,7 +64,12 @@ def _receive(stream) -> dict:
 
 def _serve(path: str) -> Optional[dict]:
     """Answer requests until told to stop (returns None); in a forked
-    child, return the request it is to run."""
+    child, return the request it is to run.
+
+    Each request gets a supervisor fork that starts the run's processes,
+    waits for them and reports; the zygote goes back to accepting at once,
+    so a test can start a run and ask for another while the first goes on.
+    """
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
     listener.listen(8)
@@ -67,27 +77,42 @@ def _serve(path: str) -> Optional[dict]:
     print(json.dumps(dict(ready=True, package_root=package)), flush=True)
     while True:
         conn, _ = listener.accept()
+        _reap_supervisors()
         with conn, conn.makefile('r') as stream:
             request = _receive(stream)
             if request.get('stop'):
                 listener.close()
                 return None
-            pids = []
-            for rank_env in request.get('ranks') or [{}]:
-                pid = os.fork()
-                if pid == 0:
-                    listener.close()
-                    request['env'].update(rank_env)
-                    return request
-                pids.append(pid)
-            try:
-                _send(conn, dict(pids=pids))
-            finally:  # a caller gone (timed out) still leaves no zombie
-                returncode = _wait_all(pids)
-            try:
-                _send(conn, dict(returncode=returncode))
-            except OSError:
-                pass  # the caller timed out, killed the run and left
+            if os.fork() == 0:
+                listener.close()
+                return _supervise(conn, request)
+
+
+def _reap_supervisors() -> None:
+    with contextlib.suppress(ChildProcessError):
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
+
+
+def _supervise(conn: socket.socket, request: dict) -> dict:
+    """In the supervisor: fork the run's processes (one, or one per rank);
+    in one of them, return its request; else report and exit."""
+    pids = []
+    for rank_env in request.get('ranks') or [{}]:
+        pid = os.fork()
+        if pid == 0:
+            conn.close()
+            request['env'].update(rank_env)
+            return request
+        pids.append(pid)
+    try:
+        _send(conn, dict(pids=pids))
+    except OSError:
+        pass  # the caller is gone; the run still ends and is reaped
+    returncode = _wait_all(pids)
+    with contextlib.suppress(OSError):
+        _send(conn, dict(returncode=returncode))
+    os._exit(0)
 
 
 def _wait_all(pids: List[int]) -> int:
@@ -113,13 +138,16 @@ def _become(request: dict) -> None:
     """Turn this fork into ``python script args`` as the caller asked."""
     # Appending: the ranks of one run share the file, as torchrun's ranks
     # share its output.
-    output = os.open(request['output'], os.O_WRONLY | os.O_APPEND)
+    output = os.open(request['output'],
+                     os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     os.dup2(output, 1)
     os.dup2(output, 2)
     os.close(output)
     stdin = os.open(os.devnull, os.O_RDONLY)
     os.dup2(stdin, 0)
     os.close(stdin)
+    if request.get('new_session'):
+        os.setsid()
     os.chdir(request['cwd'])
     os.environ.clear()
     os.environ.update(request['env'])
@@ -187,6 +215,28 @@ class WarmPython:
                         for k in IMPORT_TIME_ENV)
                 and _package_root(env) == self.package_root)
 
+    def start(self,
+              script: str,
+              args: Sequence[str],
+              env: Dict[str, str],
+              cwd: Optional[str],
+              output: str,
+              ranks: Sequence[Dict[str, str]] = (),
+              new_session: bool = False) -> 'WarmProcess':
+        """Start ``script`` in one fork, or in one fork per entry of
+        ``ranks`` (each adds its variables to ``env``), its output appended
+        to the file ``output``."""
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            conn.connect(self.path)
+            _send(conn, dict(script=script, args=list(args), env=env,
+                             cwd=cwd or os.getcwd(), output=output,
+                             ranks=list(ranks), new_session=new_session))
+            return WarmProcess(conn, [sys.executable, script, *args])
+        except BaseException:
+            conn.close()
+            raise
+
     def run(self,
             script: str,
             args: Sequence[str],
@@ -195,31 +245,22 @@ class WarmPython:
             timeout: float,
             ranks: Sequence[Dict[str, str]] = ()
             ) -> subprocess.CompletedProcess:
-        """Run ``script`` in one fork, or in one fork per entry of
-        ``ranks`` (each adds its variables to ``env``)."""
-        command = [sys.executable, script, *args]
+        """:meth:`start`, then wait for the end; the output returned."""
         handle, output = tempfile.mkstemp(prefix='run_', dir=self._dir)
         os.close(handle)
         try:
-            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
-                conn.connect(self.path)
-                conn.settimeout(timeout)
-                _send(conn, dict(script=script, args=list(args), env=env,
-                                 cwd=cwd or os.getcwd(), output=output,
-                                 ranks=list(ranks)))
-                with conn.makefile('r') as stream:
-                    pids = _receive(stream)['pids']
-                    try:
-                        returncode = _receive(stream)['returncode']
-                    except socket.timeout:
-                        for pid in pids:
-                            _kill(pid)
-                        raise subprocess.TimeoutExpired(command, timeout)
+            process = self.start(script, args, env, cwd, output, ranks)
+            try:
+                process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                raise
             with open(output, errors='replace') as file:
                 stdout = file.read()
         finally:
             os.remove(output)
-        return subprocess.CompletedProcess(command, returncode, stdout)
+        return subprocess.CompletedProcess(process.args, process.returncode,
+                                           stdout)
 
     def close(self) -> None:
         if self.process.poll() is None:
@@ -237,11 +278,59 @@ class WarmPython:
         os.rmdir(self._dir)
 
 
-def _kill(pid: int) -> None:
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass  # it ended as the timeout fell
+class WarmProcess:
+    """A run started in the zygote, as much of ``subprocess.Popen`` as the
+    tests use: ``pid`` (the first rank's), ``pids``, ``poll()``,
+    ``wait(timeout)``, ``kill()`` and ``returncode`` (negative: the signal
+    that killed it). The processes are the zygote's grandchildren; the
+    exit code comes from their supervisor over the socket.
+    """
+
+    def __init__(self, conn: socket.socket, args: List[str]) -> None:
+        self.args = args
+        self.returncode: Optional[int] = None
+        self._conn = conn
+        self._buffer = b''
+        self.pids = self._message(None)['pids']
+        self.pid = self.pids[0]
+
+    def _message(self, timeout: Optional[float]) -> Optional[dict]:
+        """The supervisor's next message; None if none came in
+        ``timeout`` seconds (0: look only)."""
+        self._conn.settimeout(timeout)
+        while b'\n' not in self._buffer:
+            try:
+                piece = self._conn.recv(4096)
+            except (BlockingIOError, socket.timeout):
+                return None
+            if not piece:
+                raise ConnectionError(
+                    'the warm interpreter closed the connection')
+            self._buffer += piece
+        line, self._buffer = self._buffer.split(b'\n', 1)
+        return json.loads(line)
+
+    def poll(self) -> Optional[int]:
+        if self.returncode is None:
+            message = self._message(0)
+            if message is not None:
+                self.returncode = message['returncode']
+                self._conn.close()
+        return self.returncode
+
+    def wait(self, timeout: Optional[float] = None) -> int:
+        if self.returncode is None:
+            message = self._message(timeout)
+            if message is None:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+            self.returncode = message['returncode']
+            self._conn.close()
+        return self.returncode
+
+    def kill(self) -> None:
+        for pid in self.pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 _zygotes: List[WarmPython] = []
@@ -290,6 +379,32 @@ def run_script(script: str,
         return run_command([sys.executable, script, *args], env=env,
                            cwd=cwd, timeout=timeout)
     return raise_if_failed(zygote.run(script, args, env, cwd, timeout))
+
+
+def start_script(script: str,
+                 args: Sequence[str],
+                 output: str,
+                 env: Optional[Dict[str, str]] = None,
+                 cwd: Optional[str] = None,
+                 new_session: bool = False):
+    """``python script args`` started, not waited for, as
+    ``subprocess.Popen`` starts it (output appended to the file ``output``,
+    in a session of its own with ``new_session``), in a fork of the warm
+    interpreter where the call allows it. Returns the ``Popen`` or a
+    :class:`WarmProcess`: both have ``pid``, ``poll``, ``wait``, ``kill``
+    and ``returncode``. For runs a test kills: the pid is the script's own
+    process, its DataLoader workers and helpers its descendants.
+    """
+    env = cpu_env(env)
+    zygote = _zygote_for(env)
+    if zygote is None:
+        with open(output, 'ab') as file:
+            return subprocess.Popen([sys.executable, script, *args], env=env,
+                                    cwd=cwd, stdout=file,
+                                    stderr=subprocess.STDOUT,
+                                    start_new_session=new_session)
+    return zygote.start(script, args, env, cwd, output,
+                        new_session=new_session)
 
 
 def rank_env(rank: int, nproc: int, port: int) -> Dict[str, str]:

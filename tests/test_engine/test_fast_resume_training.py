@@ -5,14 +5,13 @@ The demo config (real JPEGs, random resize/crop/flip in 2 workers) with
 mmengine cannot resume onto the same order.
 """
 import os.path as osp
-import sys
 
 import pytest
 from helpers import DEMO_CONFIG, REPO_ROOT, TRAIN_SCRIPT
 from resume_probe import records, samples_by_position
 
-from mmdata_plugin.testing import (cpu_env, python_path, run_ranks, run_script,
-                                   run_until_checkpoint_then_kill)
+from mmdata_plugin.testing import (kill_after_checkpoint, python_path,
+                                   run_ranks, run_script, start_script)
 
 BATCH = 4
 
@@ -60,14 +59,12 @@ def killed_run(tmp_path_factory, probe_env):
                           delay=0.05)
     work_dir = tmp / 'work'
     with open(tmp / 'out.log', 'w') as out:
-        code = run_until_checkpoint_then_kill(
-            [sys.executable, TRAIN_SCRIPT,
-             *train_args(config, work_dir)],
+        code = kill_after_checkpoint(
+            start_script(TRAIN_SCRIPT, train_args(config, work_dir),
+                         out.name, env=probe_env, new_session=True),
             str(work_dir),
             'iter_8.pth',
-            env=cpu_env(probe_env),
-            extra_delay=0.8,
-            stdout=out)
+            extra_delay=0.8)
     assert code == -9, (tmp / 'out.log').read_text()[-3000:]
     return tmp, work_dir
 

@@ -16,7 +16,6 @@ import os
 import os.path as osp
 import signal
 import subprocess
-import sys
 import time
 from urllib.parse import unquote
 
@@ -31,8 +30,8 @@ from mmdata_plugin.cache.store_ledger import StoreLedger
 from mmdata_plugin.remote_cache.node_cache_backend import (NodeCacheBackend,
                                                            write_victims)
 from mmdata_plugin.testing import (LoopbackHTTPServer, cpu_env, descendants,
-                                   python_path, run_ranks, run_script,
-                                   run_until_checkpoint_then_kill,
+                                   kill_after_checkpoint, python_path,
+                                   run_ranks, run_script, start_script,
                                    torchrun_command)
 from mmdata_plugin.utils import make_demo_dataset
 
@@ -114,10 +113,8 @@ def train(config, work_dir, env, *extra, nproc=1):
 
 def start_training(config, work_dir, env, log):
     """tools/train.py in a session of its own (one killpg ends it all)."""
-    return subprocess.Popen(
-        [sys.executable, TRAIN_SCRIPT, config, '--work-dir', str(work_dir)],
-        env=cpu_env(env), stdout=log, stderr=subprocess.STDOUT,
-        start_new_session=True)
+    return start_script(TRAIN_SCRIPT, [config, '--work-dir', str(work_dir)],
+                        log.name, env=env, new_session=True)
 
 
 def wait_for(condition, what, proc=None, timeout=RUN_TIMEOUT,
@@ -545,12 +542,12 @@ def test_resume_with_a_warm_cache(reference_run, demo, cache_limit,
     with LoopbackHTTPServer(demo, latency=0.005) as srv:
         env = run_env(probe_env, srv, tmp_path)
         with open(tmp_path / 'killed.log', 'w') as log:
-            code = run_until_checkpoint_then_kill(
-                [sys.executable, TRAIN_SCRIPT, config, '--work-dir',
-                 str(work_dir / 'killed')],
+            code = kill_after_checkpoint(
+                start_script(TRAIN_SCRIPT,
+                             [config, '--work-dir', str(work_dir / 'killed')],
+                             log.name, env=env, new_session=True),
                 str(work_dir / 'killed'), f'iter_{RESUME_AT}.pth',
-                env=cpu_env(env), extra_delay=0.5, stdout=log,
-                timeout=RUN_TIMEOUT)
+                extra_delay=0.5, timeout=RUN_TIMEOUT)
         assert code == -9
         warm = {
             row.key

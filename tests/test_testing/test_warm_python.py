@@ -1,6 +1,8 @@
 """run_script: a script run in a fork of a warm interpreter behaves as
 ``python script args`` run by run_command."""
 import os
+import re
+import signal
 import subprocess
 import time
 
@@ -8,7 +10,7 @@ import pytest
 from helpers import REPO_ROOT
 
 from mmdata_plugin.testing import (ProcessFailed, python_path, run_ranks,
-                                   run_script)
+                                   run_script, start_script)
 from mmdata_plugin.testing import warm_python
 
 SCRIPT = """
@@ -44,10 +46,8 @@ def test_runs_as_python_script_would_in_a_warm_fork(script, tmp_path):
     assert 'main __main__' in out
     # A normal interpreter exit: the thread is joined, atexit runs.
     assert out.index('thread done') < out.index('atexit ran')
-    # Not a child of this process: the zygote forked it.
-    (zygote, ) = [z for z in warm_python._zygotes if z.serves(
-        warm_python.cpu_env(env))]
-    assert f'ppid {zygote.process.pid}' in out
+    # Not a child of this process: forked by the zygote's supervisor.
+    assert f'ppid {os.getpid()}' not in out
     with pytest.raises(ProcessFailed, match='exit code 3'):
         run_script(script, ['3'], env=dict(env, PROBE='p2'))
 
@@ -87,9 +87,10 @@ dist.init_process_group('gloo')
 rank = dist.get_rank()
 total = torch.tensor([rank + 1])
 dist.all_reduce(total)
-print(f'rank {rank} of {dist.get_world_size()} local',
-      os.environ['LOCAL_RANK'], os.environ['LOCAL_WORLD_SIZE'],
-      'sum', int(total), 'ppid', os.getppid(), flush=True)
+# One write per line: the ranks append to one file at once.
+sys.stdout.write(f'rank {rank} of {dist.get_world_size()} local '
+                 f"{os.environ['LOCAL_RANK']} {os.environ['LOCAL_WORLD_SIZE']}"
+                 f' sum {int(total)} ppid {os.getppid()}\\n')
 if sys.argv[1] == 'fail' and rank == 1:
     sys.exit(5)
 if sys.argv[1] == 'fail':
@@ -105,9 +106,9 @@ def test_ranks_rendezvous_as_torchrun_ranks_and_share_one_output(tmp_path):
     out = run_ranks(str(script), ['ok'], nproc=3, env=env).stdout
     for rank in range(3):
         assert f'rank {rank} of 3 local {rank} 3 sum 6' in out
-    (zygote, ) = [z for z in warm_python._zygotes if z.serves(
-        warm_python.cpu_env(env))]
-    assert out.count(f'ppid {zygote.process.pid}') == 3
+    # One supervisor forked the three.
+    (parent, ) = set(re.findall(r'ppid (\d+)', out))
+    assert int(parent) != os.getpid()
 
 
 def test_a_failed_rank_stops_the_others(tmp_path):
@@ -118,3 +119,22 @@ def test_a_failed_rank_stops_the_others(tmp_path):
     with pytest.raises(ProcessFailed, match='exit code 5'):
         run_ranks(str(script), ['fail'], nproc=2, env=env, timeout=50)
     assert time.monotonic() - start < 40
+
+
+def test_a_started_run_is_killed_as_a_popen_and_the_zygote_serves_meanwhile(
+        script, tmp_path):
+    env = dict(PYTHONPATH=python_path(REPO_ROOT), PROBE='p6')
+    log = tmp_path / 'started.log'
+    proc = start_script(script, ['sleep'], str(log), env=env,
+                        new_session=True)
+    assert isinstance(proc, warm_python.WarmProcess)
+    # Another run while the first sleeps: the zygote is not waiting on it.
+    assert 'atexit ran' in run_script(script, ['0'], env=env).stdout
+    assert proc.poll() is None
+    with pytest.raises(subprocess.TimeoutExpired):
+        proc.wait(timeout=0.2)
+    assert f'pid {proc.pid}' in log.read_text()
+    assert os.getsid(proc.pid) == proc.pid
+    os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.wait(timeout=30) == -signal.SIGKILL
+    assert proc.poll() == -signal.SIGKILL
