@@ -1,0 +1,28 @@
+# The tar-shard demo with its shards on an HTTP(S) object store and read
+# through the node cache: the two changed blocks below. Each sample's image
+# is one member of a shard (a `tarmember://` path); the node cache downloads
+# it ahead with one range GET, in the samplers' own (globally shuffled)
+# order, and keeps what is read again soonest within cache_limit. Serve the
+# packed demo (python tools/make_demo_data.py --tar-shards 64) with
+#   python -m mmdata_plugin.testing.serve_loopback data/demo --latency 0.02
+# and set MMDATA_REMOTE_ROOT to the URL it prints.
+_base_ = ['./tinycnn_demo-jpeg-tar.py']
+
+# ---- remote shards: a URL has no listing to glob, so the config names
+# them with WebDataset's range notation.
+remote_root = '{{$MMDATA_REMOTE_ROOT:http://127.0.0.1:8000/}}'
+train_dataloader = dict(
+    dataset=dict(
+        data_root=remote_root, shards='tar/train-{000000..000007}.tar'))
+val_dataloader = dict(
+    dataset=dict(data_root=remote_root, shards='tar/val-{000000..000001}.tar'))
+
+# ---- node cache (as configs/demo/tinycnn_demo-jpeg-http-nodecache.py).
+custom_hooks = [
+    dict(type='DataMonitorHook', interval=10, table_interval=100),
+    dict(type='DeviceFeedHook'),
+    dict(
+        type='RemoteCachePrefetchHook',
+        cache_dir='{{$MMDATA_NODE_CACHE:/tmp/mmdata_node_cache}}',
+        cache_limit='{{$MMDATA_NODE_CACHE_LIMIT:200MB}}'),
+]
