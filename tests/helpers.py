@@ -1,4 +1,5 @@
 """Constants and small helpers shared by the tests (fixtures: conftest.py)."""
+import importlib.util
 import os.path as osp
 
 REPO_ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
@@ -17,3 +18,12 @@ def quick_cfg_options(max_iters=6, interval=3, **extra):
         'val_dataloader.batch_size': 8,
     }, **extra)
     return ['--cfg-options'] + [f'{k}={v}' for k, v in options.items()]
+
+
+def load_tool(name: str):
+    """``tools/<name>.py`` as a module (tools are scripts, not a package)."""
+    spec = importlib.util.spec_from_file_location(
+        name, osp.join(REPO_ROOT, 'tools', f'{name}.py'))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -1,9 +1,7 @@
 """tools/benchmark_remote_cache.py end to end, shrunk to seconds."""
-import importlib.util
 import json
-import os.path as osp
 
-from helpers import REPO_ROOT
+from helpers import REPO_ROOT, load_tool
 
 from mmdata_plugin.testing import cpu_env, python_path, run_script
 
@@ -62,20 +60,11 @@ def test_planner_scale_is_measured_against_belady():
     assert row[1].strip() == '2e+04' and float(row[5]) >= 0.95
 
 
-def load_tool():
-    spec = importlib.util.spec_from_file_location(
-        'benchmark_remote_cache',
-        osp.join(REPO_ROOT, 'tools', 'benchmark_remote_cache.py'))
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
-    return tool
-
-
 def test_window_state_is_the_kept_set_of_a_whole_run():
     # The simulated windows start from the kept set that a run from tick 0
     # has there: at epoch starts, within the samples kept from the epoch
     # before, across their end and past it.
-    tool = load_tool()
+    tool = load_tool('benchmark_remote_cache')
     from mmdata_plugin.remote_cache.stream_planner import StreamPlanner
     stream = tool._scale_stream(2000, 1, 3)
     planner = StreamPlanner(stream, 500, lambda sample: 1)
@@ -91,7 +80,7 @@ def test_window_state_is_the_kept_set_of_a_whole_run():
 
 
 def test_planner_windows_reach_belady():
-    row = load_tool().planner_window(4000, 3000)
+    row = load_tool('benchmark_remote_cache').planner_window(4000, 3000)
     assert row['ticks'] == 3000 and row['hit_rate'] == row['belady']
     assert 0 < row['belady'] < 1 and row['kept_bytes'] > 4000 * 12
 

@@ -3,20 +3,9 @@
 Its children run in-process here (one sampler, no workers); the tool itself
 refuses to report a fast-resume figure that was not positioned directly.
 """
-import importlib.util
-import os.path as osp
 
 import pytest
-from helpers import REPO_ROOT
-
-
-def load_tool():
-    spec = importlib.util.spec_from_file_location(
-        'benchmark_resume', osp.join(REPO_ROOT, 'tools',
-                                     'benchmark_resume.py'))
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
-    return tool
+from helpers import load_tool
 
 
 @pytest.mark.parametrize('writer',
@@ -24,7 +13,7 @@ def load_tool():
 def test_resumes_real_checkpoints_without_replay(tmp_path, demo_root,
                                                  monkeypatch, writer):
     monkeypatch.setenv('MMDATA_DEMO_ROOT', demo_root)
-    tool = load_tool()
+    tool = load_tool('benchmark_resume')
     setting = dict(
         sampler='RankShardedInfiniteSampler',
         iters=300,

@@ -1,21 +1,12 @@
 """tools/bootstrap.py says what configs/downstream/ need where setuptools
 has no pkg_resources (81 and later)."""
 import importlib.util
-import os.path as osp
 
-from helpers import REPO_ROOT
-
-
-def _bootstrap():
-    spec = importlib.util.spec_from_file_location(
-        'bootstrap', osp.join(REPO_ROOT, 'tools', 'bootstrap.py'))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from helpers import load_tool
 
 
 def test_missing_pkg_resources_is_named_with_what_to_install(monkeypatch):
-    bootstrap = _bootstrap()
+    bootstrap = load_tool('bootstrap')
     find_spec = importlib.util.find_spec
     monkeypatch.setattr(
         importlib.util, 'find_spec', lambda name, *args:
@@ -29,7 +20,7 @@ def test_missing_pkg_resources_is_named_with_what_to_install(monkeypatch):
 
 
 def test_every_present_stack_distribution_is_pinned(tmp_path):
-    bootstrap = _bootstrap()
+    bootstrap = load_tool('bootstrap')
     present = {
         'torch': '2.1.2', 'numpy': '1.26.4', 'onedl-mmengine': '0.10.12',
         'onedl-mmcv': '2.3.6', 'opencv-python-headless': '4.10.0.84',
@@ -44,7 +35,7 @@ def test_every_present_stack_distribution_is_pinned(tmp_path):
 
 
 def test_a_changed_or_doubled_stack_is_an_error():
-    bootstrap = _bootstrap()
+    bootstrap = load_tool('bootstrap')
     before = {'torch': '2.1.2', 'numpy': '1.26.4',
               'onedl-mmengine': '0.10.12', 'requests': '2.32.0'}
     assert bootstrap.changed(before, dict(before, pytest='9.0')) == []
@@ -61,7 +52,7 @@ def test_a_changed_or_doubled_stack_is_an_error():
 def test_a_requirement_whose_module_is_present_is_left_out(monkeypatch):
     # mmcv-lite asks for the `mmengine` distribution; onedl-mmengine ships
     # the module, so asking pip for it would install a second one over it.
-    bootstrap = _bootstrap()
+    bootstrap = load_tool('bootstrap')
     monkeypatch.setattr(
         bootstrap.importlib.metadata, 'requires', lambda name: [
             'addict', 'mmengine >=0.3.0', 'opencv-python >=3',

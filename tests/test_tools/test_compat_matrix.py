@@ -1,19 +1,9 @@
 """tools/compat_matrix.py runs its stacks only as far as the disk allows and
 says why a stack failed in its own output (CI keeps nothing else)."""
-import importlib.util
-import os.path as osp
 import threading
 import time
 
-from helpers import REPO_ROOT
-
-
-def _matrix():
-    spec = importlib.util.spec_from_file_location(
-        'compat_matrix', osp.join(REPO_ROOT, 'tools', 'compat_matrix.py'))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from helpers import load_tool
 
 
 def _stack(matrix, name, disk_gb):
@@ -21,7 +11,7 @@ def _stack(matrix, name, disk_gb):
 
 
 def test_a_stack_waits_for_the_disk_a_running_one_frees(tmp_path):
-    matrix = _matrix()
+    matrix = load_tool('compat_matrix')
     disk = matrix.DiskBudget(str(tmp_path))
     disk.free_gb = lambda: 12.0
     first, second = _stack(matrix, 'a', 8), _stack(matrix, 'b', 8)
@@ -38,7 +28,7 @@ def test_a_stack_waits_for_the_disk_a_running_one_frees(tmp_path):
 
 
 def test_a_stack_bigger_than_the_free_disk_fails_naming_both(tmp_path):
-    matrix = _matrix()
+    matrix = load_tool('compat_matrix')
     disk = matrix.DiskBudget(str(tmp_path))
     disk.free_gb = lambda: 2.5
     why = disk.acquire(_stack(matrix, 'newest', 10))
@@ -48,7 +38,7 @@ def test_a_stack_bigger_than_the_free_disk_fails_naming_both(tmp_path):
 
 
 def test_a_failed_stack_prints_the_end_of_its_log(tmp_path, capsys):
-    matrix = _matrix()
+    matrix = load_tool('compat_matrix')
     stack = _stack(matrix, 'floor', 8)
     lines = [f'line {i}' for i in range(40)] + ['OSError: [Errno 28] No '
                                                 'space left on device']
