@@ -15,6 +15,7 @@
 # download nothing; the virtualenvs are made anew each run, so every run
 # installs as a new user does.
 import argparse
+import contextlib
 import glob
 import os
 import os.path as osp
@@ -120,65 +121,82 @@ def stack_versions(python: str) -> str:
 
 class DiskBudget:
     """Lets a stack start only when the disk has room for its virtualenv
-    beside those of the stacks already running; otherwise it waits for one
-    of them to finish and remove its own. The machines' disk is shared, and
-    a pip install that runs out of it fails with a message no one reads
-    (CI keeps only the table)."""
+    beside what the stacks already running have still to write; otherwise
+    it waits for one of them to finish and remove its own. The machines'
+    disk is shared, and a pip install that runs out of it fails with a
+    message no one reads (CI keeps only what the command prints)."""
 
     def __init__(self, path: str):
         self.path = path
-        self.reserved_gb = 0.0
-        self.running = 0
+        self.running: Dict[str, float] = {}  # venv -> GB reserved
         self.changed = threading.Condition()
 
     def free_gb(self) -> float:
         return shutil.disk_usage(self.path).free / 2**30
 
-    def acquire(self, stack: Stack) -> Optional[str]:
+    def still_to_write_gb(self) -> float:
+        """What the running stacks reserved and have not written yet (what
+        they wrote is gone from the free space already)."""
+        return sum(
+            max(0.0, reserved - _tree_gb(venv))
+            for venv, reserved in self.running.items())
+
+    def acquire(self, stack: Stack, venv: str) -> Optional[str]:
         """None once reserved; else why the stack cannot run at all."""
         with self.changed:
-            while self.free_gb() - self.reserved_gb < stack.disk_gb:
-                if self.running == 0:
+            while (self.free_gb() - self.still_to_write_gb() <
+                   stack.disk_gb):
+                if not self.running:
                     return (f'{self.free_gb():.1f} GB free on the disk of '
                             f'{self.path}, {stack.name} needs about '
                             f'{stack.disk_gb:.0f} GB')
                 self.changed.wait(timeout=30)
-            self.reserved_gb += stack.disk_gb
-            self.running += 1
+            self.running[venv] = stack.disk_gb
             return None
 
-    def release(self, stack: Stack) -> None:
+    def release(self, venv: str) -> None:
         with self.changed:
-            self.reserved_gb -= stack.disk_gb
-            self.running -= 1
+            del self.running[venv]
             self.changed.notify_all()
+
+
+def _tree_gb(path: str) -> float:
+    total = 0
+    for folder, _, names in os.walk(path):
+        for name in names:
+            with contextlib.suppress(OSError):
+                total += os.lstat(osp.join(folder, name)).st_size
+    return total / 2**30
 
 
 def check_stack(stack: Stack, work: str, wheel: str, pytest_args: List[str],
                 disk: DiskBudget, keep_venv: bool) -> Result:
     log_path = osp.join(work, f'{stack.name}.log')
+    # A log of an earlier run must not pass for this run's.
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(log_path)
     interpreter = find_python(stack.python)
     if interpreter is None:
         return Result(stack, '', 0, 0, 0, 0,
                       f'FAILED: no Python {stack.python} on this machine')
-    short_of_disk = disk.acquire(stack)
+    venv = osp.join(work, stack.name)
+    shutil.rmtree(venv, ignore_errors=True)
+    short_of_disk = disk.acquire(stack, venv)
     if short_of_disk:
         return Result(stack, '', 0, 0, 0, 0, f'FAILED: {short_of_disk}')
     print(f'== {stack.name}: {stack.title} (log: {log_path})', flush=True)
-    venv = osp.join(work, stack.name)
     try:
         return install_and_test(stack, interpreter, venv, log_path, wheel,
                                 pytest_args)
     finally:
         if not keep_venv:
             shutil.rmtree(venv, ignore_errors=True)
-        disk.release(stack)
+        disk.release(venv)
 
 
 def install_and_test(stack: Stack, interpreter: str, venv: str,
                      log_path: str, wheel: str,
                      pytest_args: List[str]) -> Result:
-    shutil.rmtree(venv, ignore_errors=True)
     stack_s = install_s = deps_s = test_s = 0.0
     versions = ''
     work = osp.dirname(venv)
@@ -209,7 +227,7 @@ def install_and_test(stack: Stack, interpreter: str, venv: str,
             test_s = run([python, '-m', 'pytest', '-m', 'compat', '-q',
                           '-p', 'no:cacheprovider', *pytest_args, 'tests'],
                          log, cwd=ROOT)
-        except RuntimeError as error:
+        except (RuntimeError, subprocess.CalledProcessError) as error:
             return Result(stack, versions, stack_s, install_s, deps_s,
                           test_s, f'FAILED: {error}')
     with open(log_path) as log:
@@ -252,7 +270,7 @@ def print_table(results: List[Result]) -> None:
               f'{r.outcome} |')
 
 
-def main():
+def main(argv: Optional[List[str]] = None):
     parser = argparse.ArgumentParser(
         description='Install into each supported stack in a fresh '
         'virtualenv and run the compatibility selection there')
@@ -263,7 +281,7 @@ def main():
     parser.add_argument(
         '--work-dir',
         default=osp.join(ROOT, 'work_dirs', 'compat'),
-        help='virtualenvs and logs (made anew each run)')
+        help='virtualenvs and logs (each stack\'s made anew each run)')
     parser.add_argument(
         '--jobs',
         type=int,
@@ -272,7 +290,12 @@ def main():
         'the network and the disk, and overlap)')
     parser.add_argument(
         'pytest_args', nargs='*', help='more pytest arguments, after --')
-    args = parser.parse_args()
+    parser.add_argument(
+        '--keep-venvs',
+        action='store_true',
+        help='leave each virtualenv in the work dir (by default each is '
+        'removed once checked: together they take ~20 GB)')
+    args = parser.parse_args(argv)
     wanted = args.stacks.split(',')
     unknown = set(wanted) - {stack.name for stack in STACKS}
     if unknown:
