@@ -65,6 +65,10 @@ def _expand_ranges(pattern: str) -> List[str]:
     ]
 
 
+#: Data-info keys the dataset sets itself; a ``.json`` member may not.
+DATASET_KEYS = frozenset(('img_path', 'sample_key', 'shard', 'sample_idx'))
+
+
 @DATASETS.register_module()
 class TarShardDataset(BaseDataset):
     """WebDataset tar shards, local or remote, read sample by sample.
@@ -202,11 +206,19 @@ class TarShardDataset(BaseDataset):
             record = json.loads(raw)
         except ValueError as error:
             record = error
+        where = f'{self._index.shard(idx)}: {self._index.key(idx)}.' \
+            f'{self.ann_ext}'
         if not isinstance(record, dict):
             raise AnnotationFormatError(
-                f'{self._index.shard(idx)}: {self._index.key(idx)}.'
-                f'{self.ann_ext} is no JSON object (a data-info dict): '
+                f'{where} is no JSON object (a data-info dict): '
                 f'{raw[:80]!r}')
+        # A member naming its own img_path would have the pipeline read any
+        # file or URL instead of the shard's bytes.
+        taken = sorted(DATASET_KEYS.intersection(record))
+        if taken:
+            raise AnnotationFormatError(
+                f'{where} sets {taken}, which the dataset gives from the '
+                'shard index; rename them in the annotations')
         return record
 
     def get_cat_ids(self, idx: int) -> List[int]:

@@ -27,7 +27,8 @@ opened (one ``stat`` per shard: cheap) and a changed one rebuilds the index
 or is refused. A remote shard is not asked at open (one request per shard
 and process would not be cheap at 1e4 shards): every member path carries
 the shard's size and ETag and every range read is answered with them, so a
-changed shard is refused at its first read, naming it, at no extra request.
+changed shard is refused at its first read, naming it, at no extra request
+(by its size alone where the server sends no ETag).
 """
 import hashlib
 import json
@@ -155,7 +156,7 @@ class TarShardIndex:
         """The ``tarmember://`` path of sample ``sample``'s ``.ext``."""
         record = self.records[sample]
         column = self.exts.index(ext)
-        shard = int(record['shard'])
+        shard = self._shard_number(record, sample)
         return member_path(self.shards[shard]['url'],
                            int(record['offset'][column]),
                            int(record['size'][column]),
@@ -173,7 +174,17 @@ class TarShardIndex:
 
     def shard(self, sample: int) -> str:
         """The URL (or path) of the shard holding sample ``sample``."""
-        return self.shards[int(self.records[sample]['shard'])]['url']
+        record = self.records[sample]
+        return self.shards[self._shard_number(record, sample)]['url']
+
+    def _shard_number(self, record, sample: int) -> int:
+        shard = int(record['shard'])
+        if not 0 <= shard < len(self.shards):
+            raise StaleIndexError(
+                f'{self.path}: sample {sample} names shard {shard} of '
+                f'{len(self.shards)}: the index is damaged; delete it to '
+                'rebuild')
+        return shard
 
 
 def read_header(path: str) -> Dict:
@@ -190,24 +201,44 @@ def read_header(path: str) -> Dict:
             raise StaleIndexError(f'{path} is not a tar shard index (or a '
                                   'truncated one)')
         header_offset = int.from_bytes(trailer[:8], 'little')
+        if header_offset > size - _TRAILER:
+            raise StaleIndexError(f'{path}: damaged header')
         file.seek(header_offset)
         try:
             header = json.loads(file.read(size - _TRAILER - header_offset))
         except ValueError:
             raise StaleIndexError(f'{path}: damaged header') from None
-    if header.get('version') != INDEX_VERSION:
-        raise StaleIndexError(f'{path}: index version '
-                              f'{header.get("version")}, need '
+    if not isinstance(header, dict) or header.get(
+            'version') != INDEX_VERSION:
+        version = header.get('version') if isinstance(header, dict) else None
+        raise StaleIndexError(f'{path}: index version {version}, need '
                               f'{INDEX_VERSION}')
-    record_size = record_dtype(header['exts']).itemsize
-    records_end = header['records_offset'] + header['num_samples'] * \
-        record_size
-    key_ends_end = header['key_ends_offset'] + 8 * header['num_samples']
-    if (header['record_size'] != record_size
-            or records_end > header['keys_offset']
-            or key_ends_end > header_offset):
-        raise StaleIndexError(f'{path}: damaged header')
+    # A damaged or foreign file is rebuilt like a stale one, never mapped
+    # past its arrays or indexed out of its shard list.
+    try:
+        _check_layout(header, header_offset)
+    except (KeyError, TypeError, ValueError) as error:
+        raise StaleIndexError(f'{path}: damaged header ({error!r})') from None
     return header
+
+
+def _check_layout(header: Dict, header_offset: int) -> None:
+    """Raise ValueError (or KeyError, TypeError) unless the arrays the
+    header places lie in order before it and its shards add up."""
+    samples = header['num_samples']
+    record_size = record_dtype(header['exts']).itemsize
+    records_end = header['records_offset'] + samples * record_size
+    keys_end = header['keys_offset'] + header['keys_size']
+    key_ends_end = header['key_ends_offset'] + 8 * samples
+    in_order = (0 <= header['records_offset'] <= records_end <=
+                header['keys_offset'] <= keys_end <=
+                header['key_ends_offset'] <= key_ends_end <= header_offset)
+    counted = sum(int(shard['samples']) for shard in header['shards'])
+    if (header['record_size'] != record_size or not in_order
+            or counted != samples or not all(
+                isinstance(shard['url'], str) and int(shard['size']) >= 0
+                for shard in header['shards'])):
+        raise ValueError('arrays out of place or shards not adding up')
 
 
 def local_fingerprint(path: str) -> Dict:

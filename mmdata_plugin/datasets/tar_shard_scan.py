@@ -88,6 +88,13 @@ def iter_shard_samples(
                 if not member.isfile() or match is None:
                     continue
                 key, ext = match.groups()
+                if member.issparse():
+                    # Its size is the expanded file's, not the bytes the
+                    # shard holds: a span would run into the next member.
+                    raise TarShardError(
+                        f'{name}: member {member.name!r} at byte '
+                        f'{member.offset} is a sparse file; repack it as a '
+                        'regular one')
                 if member.offset_data + member.size > size:
                     raise TarShardError(
                         f'{name}: truncated: member {member.name!r} at byte '

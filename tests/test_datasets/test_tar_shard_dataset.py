@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader
 
 from mmdata_plugin.datasets import (RankShardedSampler, TarShardDataset,
                                     expand_shards)
+from mmdata_plugin.datasets.annotation_lines import AnnotationFormatError
 from mmdata_plugin.datasets.tar_shard_writer import pack_image_list
 from mmdata_plugin.testing import LoopbackHTTPServer, run_script
 
@@ -157,6 +158,21 @@ def test_remote_shards_and_json_annotations(tmp_path):
         assert (info['gt_label'], info['note']) == (1, info['sample_key'])
         assert info['shard'] == srv.url('tar/train-1.tar')
         assert dataset[4]['inputs'].shape == (3, 16, 24)
+
+
+def test_a_json_member_may_not_name_another_file(tmp_path):
+    samples = [(key, {
+        'jpg': members['jpg'],
+        'json': json.dumps(dict(img_path='/etc/passwd')).encode()
+    }) for key, members in image_samples(0, count=2)]
+    write_shard(str(tmp_path / 'a.tar'), samples)
+    dataset = TarShardDataset(
+        data_root=str(tmp_path), shards='a.tar', ann_ext='json',
+        index_progress=False, pipeline=PIPELINE)
+    key = dataset._index.key(1)
+    with pytest.raises(AnnotationFormatError,
+                       match=rf"a\.tar: {key}\.json sets \['img_path'\]"):
+        dataset.get_data_info(1)
 
 
 def test_expand_shards(tmp_path):

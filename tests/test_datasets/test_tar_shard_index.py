@@ -1,6 +1,7 @@
 """The tar shard index and the tarmember:// backend: local, HTTP and S3."""
 import gzip
 import io
+import json
 import os
 import pickle
 import tarfile
@@ -83,6 +84,46 @@ def test_local_index_reads_every_member_exactly(tmp_path, fmt):
     check_every_member(pickle.loads(pickle.dumps(again)), expected)
 
 
+def _rewrite_header(path, change):
+    """The index file with its JSON header changed by ``change``."""
+    data = open(path, 'rb').read()
+    offset = int.from_bytes(data[-16:-8], 'little')
+    header = json.loads(data[offset:-16])
+    change(header)
+    encoded = json.dumps(header).encode()
+    with open(path, 'wb') as file:
+        file.write(data[:offset] + encoded + data[-16:])
+
+
+@pytest.mark.parametrize('damage', [
+    lambda h: h.update(keys_offset=h['keys_offset'] + 10**9),
+    lambda h: h.update(num_samples=h['num_samples'] + 1),
+    lambda h: h.pop('shards'),
+    lambda h: h.update(exts='jpg'),
+])
+def test_a_damaged_index_header_is_rebuilt_not_mapped(tmp_path, damage):
+    shards, expected = write_shards(tmp_path)
+    path = str(tmp_path / 'train.taridx')
+    ensure_tar_shard_index(shards, path, EXTS, progress=False)
+    _rewrite_header(path, damage)
+    with pytest.raises(StaleIndexError, match='damaged header'):
+        TarShardIndex(path)
+    check_every_member(
+        ensure_tar_shard_index(shards, path, EXTS, progress=False), expected)
+
+
+def test_a_record_naming_no_shard_is_refused(tmp_path):
+    shards, _ = write_shards(tmp_path)
+    path = str(tmp_path / 'train.taridx')
+    index = ensure_tar_shard_index(shards, path, EXTS, progress=False)
+    with open(path, 'r+b') as file:  # sample 3's shard number: 7
+        file.seek(index.header['records_offset'] +
+                  3 * index.records.dtype.itemsize)
+        file.write((7).to_bytes(4, 'little'))
+    with pytest.raises(StaleIndexError, match='sample 3 names shard 7 of 3'):
+        TarShardIndex(path).member_path(3, 'jpg')
+
+
 def test_member_path_round_trips_urls_mmengine_would_split(tmp_path):
     url = 'https://h:8/a%20b/s.tar?sig=s3://x&y=1#frag@user'
     path = member_path(url, 1536, 20, 10240, 'W/"ab+c:d/e"')
@@ -141,6 +182,21 @@ def _truncated_in_header():
                 .offset + 300]
 
 
+def _sparse():
+    # A pax sparse member: 1 byte stored, 100 bytes when expanded.
+    data = io.BytesIO()
+    with tarfile.open(fileobj=data, mode='w',
+                      format=tarfile.PAX_FORMAT) as tar:
+        for name, body, pax in (('a.jpg', b'x', {
+                'GNU.sparse.map': '0,1',
+                'GNU.sparse.size': '100'
+        }), ('a.cls', b'1', {})):
+            info = tarfile.TarInfo(name)
+            info.size, info.pax_headers = len(body), pax
+            tar.addfile(info, io.BytesIO(body))
+    return data.getvalue()
+
+
 BAD_SHARDS = dict(
     not_a_tar=(b'hello world' * 100, 'not a tar file'),
     empty=(b'', 'not a tar file'),
@@ -164,6 +220,7 @@ BAD_SHARDS = dict(
                                     ('jpg', b'2')])]),
                   r"sample 'a' has two .jpg members \(the second, 'a.jpg', "
                   r'at byte 2048\)'),
+    sparse=(_sparse(), r"member 'a.jpg' at byte 0 is a sparse file"),
     bad_label=(tar_bytes([('a', [('jpg', b'1'), ('cls', b'dog')])]),
                r"'a.cls' at byte 1024 holds b'dog', not an integer class "
                'label'),
