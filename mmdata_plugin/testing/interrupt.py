@@ -2,6 +2,7 @@
 
 Simulates a preempted or crashed job for resume tests and for the demo.
 """
+import contextlib
 import os
 import os.path as osp
 import signal
@@ -93,6 +94,8 @@ def kill_after_checkpoint(proc,
         time.sleep(extra_delay)
     finally:
         if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+            # It may end between poll and killpg.
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
     return proc.returncode

@@ -27,10 +27,12 @@ zygote, their exit codes.
 """
 import atexit
 import contextlib
+import ctypes
 import json
 import os
 import os.path as osp
 import runpy
+import select
 import signal
 import socket
 import subprocess
@@ -49,6 +51,7 @@ PRELOAD = ('numpy', 'cv2', 'torch', 'torch._dynamo', 'mmengine.runner',
 #: values differ from the zygote's gets a fresh interpreter.
 IMPORT_TIME_ENV = ('CUDA_VISIBLE_DEVICES', 'OMP_NUM_THREADS',
                    'MKL_NUM_THREADS')
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def _send(conn: socket.socket, message: dict) -> None:
@@ -97,41 +100,78 @@ def _reap_supervisors() -> None:
 def _supervise(conn: socket.socket, request: dict) -> dict:
     """In the supervisor: fork the run's processes (one, or one per rank);
     in one of them, return its request; else report and exit."""
+    new_session = bool(request.get('new_session'))
     pids = []
     for rank_env in request.get('ranks') or [{}]:
+        started, done = os.pipe()
         pid = os.fork()
         if pid == 0:
             conn.close()
+            os.close(started)
+            if new_session:
+                os.setsid()
+            # Popen returns once the child is in its own session: a killpg
+            # right after the start must find the group.
+            os.close(done)
             request['env'].update(rank_env)
             return request
+        os.close(done)
+        os.read(started, 1)  # end of file once the child has set up
+        os.close(started)
         pids.append(pid)
     try:
         _send(conn, dict(pids=pids))
     except OSError:
-        pass  # the caller is gone; the run still ends and is reaped
-    returncode = _wait_all(pids)
+        pass  # the caller is gone: _wait_all sees it and stops the run
+    returncode = _wait_all(pids, conn, new_session)
     with contextlib.suppress(OSError):
         _send(conn, dict(returncode=returncode))
     os._exit(0)
 
 
-def _wait_all(pids: List[int]) -> int:
+def _caller_gone(conn: socket.socket) -> bool:
+    """Whether the caller closed its end (it exited, or was killed)."""
+    readable, _, _ = select.select([conn], [], [], 0.05)
+    if not readable:
+        return False
+    try:
+        return conn.recv(1, socket.MSG_PEEK) == b''
+    except OSError:
+        return True
+
+
+def _wait_all(pids: List[int], conn: socket.socket,
+              new_session: bool) -> int:
     """Wait for every pid; the first failure's exit code, else 0. As
     torchrun does, a failed rank stops the others (a rank waiting on a
-    collective with a dead peer would wait for gloo's 30-minute timeout)."""
+    collective with a dead peer would wait for gloo's 30-minute timeout);
+    a caller gone (killed, crashed) stops them all, so no run outlives the
+    test that started it."""
     returncode = 0
     running = set(pids)
     while running:
-        pid, status = os.wait()
+        pid, status = os.waitpid(-1, os.WNOHANG)
+        if pid == 0:
+            if _caller_gone(conn):
+                _kill_all(running, new_session)
+            continue
         if pid not in running:
             continue
         running.discard(pid)
         code = os.waitstatus_to_exitcode(status)
         if code and not returncode:
             returncode = code
-            for other in running:
-                os.kill(other, signal.SIGKILL)
+            _kill_all(running, new_session)
     return returncode
+
+
+def _kill_all(pids, new_session: bool) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            if new_session:
+                os.killpg(pid, signal.SIGKILL)
+            else:
+                os.kill(pid, signal.SIGKILL)
 
 
 def _become(request: dict) -> None:
@@ -146,8 +186,6 @@ def _become(request: dict) -> None:
     stdin = os.open(os.devnull, os.O_RDONLY)
     os.dup2(stdin, 0)
     os.close(stdin)
-    if request.get('new_session'):
-        os.setsid()
     os.chdir(request['cwd'])
     os.environ.clear()
     os.environ.update(request['env'])
@@ -165,7 +203,18 @@ def _become(request: dict) -> None:
         sys.modules['torch'].set_num_threads(int(threads))
 
 
-def _main(path: str) -> None:
+def _die_with_caller() -> None:
+    """Linux: SIGKILL this zygote when the process that started it dies
+    (a test process killed by CI would leave it waiting in accept)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG,
+                                                signal.SIGKILL)
+
+
+def _main(path: str, caller: int) -> None:
+    _die_with_caller()
+    if os.getppid() != caller:
+        return  # it died before prctl took effect
     for name in PRELOAD:
         try:
             __import__(name)
@@ -191,7 +240,8 @@ class WarmPython:
         self._dir = tempfile.mkdtemp(prefix='warm_python_')
         self.path = osp.join(self._dir, 'socket')
         self.process = subprocess.Popen(
-            [sys.executable, '-m', __name__, self.path],
+            [sys.executable, '-m', __name__, self.path,
+             str(os.getpid())],
             env=self.env,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
@@ -252,7 +302,7 @@ class WarmPython:
             process = self.start(script, args, env, cwd, output, ranks)
             try:
                 process.wait(timeout)
-            except subprocess.TimeoutExpired:
+            except BaseException:  # a timeout, or pytest's own interrupt
                 process.kill()
                 raise
             with open(output, errors='replace') as file:
@@ -452,4 +502,4 @@ def run_ranks(script: str,
 
 
 if __name__ == '__main__':
-    _main(sys.argv[1])
+    _main(sys.argv[1], int(sys.argv[2]))
