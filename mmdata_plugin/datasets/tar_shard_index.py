@@ -423,7 +423,13 @@ class _RecordWriter:
             record['size'] = [sample.spans[ext][1] for ext in self.exts]
             if sample.label is not None:
                 record['label'] = sample.label
-            key = sample.key.encode()
+            try:
+                key = sample.key.encode()
+            except UnicodeEncodeError:  # tarfile's surrogate escapes
+                raise TarShardError(
+                    f'{shard}: the key of the sample at byte '
+                    f'{sample.offset} is not UTF-8 '
+                    f'({sample.key.encode(errors="replace")!r})') from None
             self._keys += key
             self.keys_size += len(key)
             self._ends[self._filled] = self.keys_size

@@ -15,6 +15,8 @@ from typing import (BinaryIO, Dict, Iterator, NamedTuple, Optional, Sequence,
                     Tuple)
 
 LABEL_EXT = 'cls'
+#: The longest ``.cls`` member read as a label.
+_LABEL_BYTES = 64
 _KEY_EXT = re.compile(r'^((?:.*/|)[^.]+)[.]([^/]*)$')
 # The first bytes of the compressions tarfile's 'r|*' would undo: their
 # members' offsets are not offsets of the shard's bytes.
@@ -153,8 +155,12 @@ class _Pending:
             return
         self.spans[ext] = (member.offset_data, member.size)
         if ext == LABEL_EXT:
-            text = tar.extractfile(member).read()
+            # An integer label is a few bytes; a huge member named .cls is
+            # not read into memory to find that out.
+            text = tar.extractfile(member).read(_LABEL_BYTES + 1)
             try:
+                if len(text) > _LABEL_BYTES:
+                    raise ValueError(text)
                 self.label = int(text.strip())
             except ValueError:
                 raise TarShardError(

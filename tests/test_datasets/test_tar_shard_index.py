@@ -197,6 +197,18 @@ def _sparse():
     return data.getvalue()
 
 
+def _named(*names):
+    """A GNU tar of members with these raw (byte) names."""
+    data = io.BytesIO()
+    with tarfile.open(fileobj=data, mode='w', format=tarfile.GNU_FORMAT,
+                      encoding='utf-8', errors='surrogateescape') as tar:
+        for raw in names:
+            info = tarfile.TarInfo(raw.decode('utf-8', 'surrogateescape'))
+            info.size = 1
+            tar.addfile(info, io.BytesIO(b'1'))
+    return data.getvalue()
+
+
 BAD_SHARDS = dict(
     not_a_tar=(b'hello world' * 100, 'not a tar file'),
     empty=(b'', 'not a tar file'),
@@ -221,6 +233,10 @@ BAD_SHARDS = dict(
                   r"sample 'a' has two .jpg members \(the second, 'a.jpg', "
                   r'at byte 2048\)'),
     sparse=(_sparse(), r"member 'a.jpg' at byte 0 is a sparse file"),
+    huge_label=(tar_bytes([('a', [('jpg', b'1'), ('cls', b'7' * 65)])]),
+                r"'a.cls' at byte 1024 holds b'7777"),
+    key_not_utf8=(_named(b'\xff\xfe.jpg', b'\xff\xfe.cls'),
+                  r'the key of the sample at byte 0 is not UTF-8'),
     bad_label=(tar_bytes([('a', [('jpg', b'1'), ('cls', b'dog')])]),
                r"'a.cls' at byte 1024 holds b'dog', not an integer class "
                'label'),
