@@ -36,7 +36,7 @@ def _loop_args():
     return dict(runner=runner, dataloader=DataLoader(range(8), batch_size=2))
 
 
-def _builders(demo_root):
+def _builders(demo_root, tmp_path):
     """How to build each registered name: (registry, cfg, default_args).
 
     Every component the package registers must appear here, so that a new
@@ -47,9 +47,12 @@ def _builders(demo_root):
     import torch
 
     from mmdata_plugin.datasets.tar_shard_writer import pack_image_list
+
+    # Packed apart from the shared demo set, which other tests read.
+    tar_root = str(tmp_path)
     pack_image_list(
         osp.join(demo_root, 'val.txt'), demo_root,
-        osp.join(demo_root, 'tar'), 'val', samples_per_shard=16)
+        osp.join(tar_root, 'tar'), 'val', samples_per_shard=16)
     return {
         ('MODELS', 'TinyCNNClassifier'): (dict(num_classes=3), {}),
         ('DATASETS', 'ImageListDataset'):
@@ -57,7 +60,7 @@ def _builders(demo_root):
         ('DATASETS', 'RankShardedDataset'):
         (dict(data_root=demo_root, ann_file='val.txt'), {}),
         ('DATASETS', 'TarShardDataset'):
-        (dict(data_root=demo_root, shards='tar/val-*.tar', ann_ext='cls'),
+        (dict(data_root=tar_root, shards='tar/val-*.tar', ann_ext='cls'),
          {}),
         ('DATA_SAMPLERS', 'RankShardedSampler'):
         (dict(mini_epochs=2), dict(dataset=range(8), seed=0)),
@@ -116,8 +119,8 @@ def _our_registered_names():
     return names
 
 
-def test_every_registered_name_builds_from_config(demo_root):
-    builders = _builders(demo_root)
+def test_every_registered_name_builds_from_config(demo_root, tmp_path):
+    builders = _builders(demo_root, tmp_path)
     assert _our_registered_names() == set(builders), (
         'a component is registered without a build test, or the other way')
     for (reg_name, name), (cfg, default_args) in builders.items():
