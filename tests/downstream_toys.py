@@ -191,6 +191,13 @@ class ToyBoxCounter(BaseModel):
         return dict(loss=((pixels * self.weight - target)**2).mean())
 
 
+def _box_tensor(sample):
+    """The sample's boxes as a tensor: mmdet keeps a ``HorizontalBoxes``
+    where the pipeline says ``box_type='hbox'`` and a bare tensor else."""
+    boxes = sample.gt_instances.bboxes
+    return getattr(boxes, 'tensor', boxes)
+
+
 @HOOKS.register_module()
 class DetProbeHook(Hook):
     """One JSON line per iteration: images, flips, boxes, pixels, loss."""
@@ -202,7 +209,7 @@ class DetProbeHook(Hook):
             iter=runner.iter,
             img_path=[osp.basename(s.img_path) for s in samples],
             flip=[bool(s.flip) for s in samples],
-            boxes=[s.gt_instances.bboxes.tensor.round(decimals=3).tolist()
+            boxes=[_box_tensor(s).round(decimals=3).tolist()
                    for s in samples],
             pixels=[hashlib.sha1(img.cpu().numpy().tobytes()).hexdigest()
                     for img in data_batch['inputs']],
@@ -227,7 +234,7 @@ class SampleProbeHook(Hook):
             if 'gt_instances' in s:
                 labels.append(
                     dict(labels=s.gt_instances.labels.tolist(),
-                         boxes=s.gt_instances.bboxes.tensor.tolist()))
+                         boxes=_box_tensor(s).tolist()))
             else:
                 labels.append(dict(labels=s.gt_label.tolist()))
         record = dict(

@@ -37,6 +37,8 @@ def _missing(package):
                 'built with MMCV_WITH_OPS=1')
     try:
         module = importlib.import_module(package)
+        # What a training imports (mmpretrain's transforms need torchvision)
+        importlib.import_module(f'{package}.datasets')
     except Exception as error:  # ImportError, or its mmcv version check
         return f'{package} does not import ({error!r})'
     script = osp.join(osp.dirname(module.__file__), '.mim', 'tools',
