@@ -361,11 +361,8 @@ class WarmProcess:
         return json.loads(line)
 
     def poll(self) -> Optional[int]:
-        if self.returncode is None:
-            message = self._message(0)
-            if message is not None:
-                self.returncode = message['returncode']
-                self._conn.close()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.wait(0)
         return self.returncode
 
     def wait(self, timeout: Optional[float] = None) -> int:
