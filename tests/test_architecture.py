@@ -21,8 +21,8 @@ PACKAGE = 'mmdata_plugin'
 #: Bottom first. A package may import packages of lower layers only; the
 #: package's own ``__init__`` (the top) may import all of them.
 LAYERS: Tuple[Tuple[str, ...], ...] = (
-    ('utils', 'testing', 'version', 'supported_stack'),
-    ('sample_order', 'cache'),
+    ('utils', 'version', 'supported_stack'),
+    ('testing', 'sample_order', 'cache'),
     ('remote', ),
     ('transforms', 'remote_cache', 'handover'),
     ('datasets', 'models', 'evaluation', 'data_nodes'),

@@ -28,6 +28,13 @@ from torch.utils.data._utils import pin_memory as torch_pin_memory
 from torch.utils.data._utils import worker as torch_worker
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
+# -------------------------------------------------------------- imports
+
+#: What torch imports lazily at a training run's first optimizer step (the
+#: optimizers ask ``torch._dynamo`` whether they are compiled; 2.1-2.14):
+#: an interpreter forked for many runs imports it once, before it forks.
+LAZY_TRAINING_MODULES: Tuple[str, ...] = ('torch._dynamo', )
+
 # ----------------------------------------------------------- DataLoader
 
 

@@ -29,6 +29,7 @@ import importlib
 import inspect
 import os.path as osp
 import pathlib
+import re
 import sys
 from typing import Dict, Iterator, List, Set, Tuple
 
@@ -56,6 +57,7 @@ _TORCH_SOURCES = [
 _TORCH_CLASSES = (torch.Tensor, torch.UntypedStorage, torch.TypedStorage,
                   DataLoader, torch.Generator)
 _ACCESSORS = ('getattr', 'setattr', 'hasattr', 'delattr')
+_DOTTED = re.compile(r'[A-Za-z_]\w*(\.[A-Za-z_]\w*)+')
 
 
 def _is_private(name: str) -> bool:
@@ -184,6 +186,12 @@ class _Scan(ast.NodeVisitor):
         self._check(node.lineno, node.value, node.attr)
         self.generic_visit(node)
 
+    def visit_Constant(self, node: ast.Constant) -> None:
+        # A module named in a string (__import__, importlib, a preload list)
+        if (isinstance(node.value, str) and _DOTTED.fullmatch(node.value)
+                and _private_module(node.value)):
+            self.findings.append((node.lineno, repr(node.value)))
+
     def visit_Call(self, node: ast.Call) -> None:
         func = node.func
         if (isinstance(func, ast.Name) and func.id in _ACCESSORS
@@ -243,6 +251,7 @@ def test_private_torch_and_mmengine_names_only_in_torch_internals():
     ('import torch\nREADER = torch._C', 'torch._C'),
     ('def seed(runner):\n    return runner._randomness_cfg',
      'runner._randomness_cfg'),
+    ("PRELOAD = ('torch', 'torch._dynamo')", "'torch._dynamo'"),
 ])
 def test_scan_finds_a_private_access_put_back(added, access):
     hook = PACKAGE / 'engine' / 'hooks' / 'device_feed_hook.py'
