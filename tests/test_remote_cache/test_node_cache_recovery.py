@@ -252,6 +252,17 @@ def temps_of(cache_dir, pid):
     ]
 
 
+def stopped_mid_download(cache_dir, pid):
+    """Whether process ``pid``, now stopped (SIGSTOP), has a download in
+    flight; it runs on where it has none. Stopped, a download seen cannot
+    finish (and rename its temp file) before the kill that follows."""
+    os.kill(pid, signal.SIGSTOP)
+    if temps_of(cache_dir, pid):
+        return True
+    os.kill(pid, signal.SIGCONT)
+    return False
+
+
 # -- 1. kill -9 of the prefetch process ------------------------------------
 
 
@@ -283,7 +294,7 @@ def test_prefetcher_killed_stops_training_then_resume_completes(
                 pid = wait_for(lambda: prefetcher_pid(cache_dir, proc.pid),
                                'prefetcher pid', proc)
                 # Mid-download: one of its temp files is being written.
-                wait_for(lambda: temps_of(cache_dir, pid),
+                wait_for(lambda: stopped_mid_download(cache_dir, pid),
                          'download of the prefetcher in flight', proc)
                 trained = len(records(work_dir))
                 os.kill(pid, signal.SIGKILL)
