@@ -13,4 +13,4 @@ demo: install
 	$(PYTHON) tools/run_demo.py
 
 test: install-tests
-	$(PYTHON) -m pytest -n 3 --dist loadscope tests
+	$(PYTHON) -m pytest -n 2 --dist loadgroup tests

@@ -7,6 +7,18 @@ from mmdata_plugin.testing import cpu_env, python_path
 from mmdata_plugin.utils import make_demo_dataset
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items):
+    """Under ``-n 2 --dist loadgroup`` the Ray tests run on one worker:
+    one loopback cluster at a time (they share one per worker, and a
+    second beside it would take the cores its actors are sized for). Runs
+    before xdist reads the groups."""
+    for item in items:
+        if ('test_data_nodes' in item.path.parts
+                or item.path.name == 'test_benchmark_ray_nodes.py'):
+            item.add_marker(pytest.mark.xdist_group('ray'))
+
+
 @pytest.fixture(scope='session', autouse=True)
 def node_cache_dir(tmp_path_factory):
     """The node store of configs without a cache_dir (the demo's head
