@@ -6,6 +6,7 @@ import argparse
 import logging
 import os
 import os.path as osp
+import shutil
 import statistics
 import tempfile
 import time
@@ -639,6 +640,7 @@ def steady_state(build: Callable[[int], DataLoader], hook_args: dict,
         hook.after_train(runner)
         logger.removeHandler(handler)
         handler.close()
+        shutil.rmtree(log_dir, ignore_errors=True)
     per_round = [(m - p) / (2 * args.steady_batches * loaders['plain'].
                             batch_size)
                  for m, p in zip(cpu['monitored'], cpu['plain'])]
