@@ -3,7 +3,6 @@
 They are shipped with the package so that downstream projects can test
 their own multi-rank data code on CPU machines the same way we do.
 """
-import multiprocessing
 import os
 import socket
 import subprocess
@@ -12,10 +11,15 @@ from typing import Dict, List, Optional, Sequence
 
 import torch.multiprocessing as mp
 
-#: What every rank of :func:`spawn_gloo` imports: its fork server imports
-#: it once (~4 s of CPU per rank otherwise).
-GLOO_PRELOAD = ('torch', 'torch.distributed', 'mmengine.runner',
-                'mmdata_plugin')
+from ..utils.torch_internals import LAZY_TRAINING_MODULES
+
+#: What a training run imports: a process that starts many of them (the
+#: warm interpreter, :func:`spawn_gloo`'s fork server) imports it once,
+#: before it forks (~4 s of CPU per process otherwise).
+TRAINING_IMPORTS = ('numpy', 'cv2', 'torch', *LAZY_TRAINING_MODULES,
+                    'mmengine.runner', 'mmengine.config',
+                    'yapf.yapflib.yapf_api', 'mmcv', 'mmcv.transforms',
+                    'mmdata_plugin', 'mmdata_plugin.engine')
 
 
 def find_free_port() -> int:
@@ -147,12 +151,11 @@ def spawn_gloo(fn, world_size: int = 2, args: Sequence = ()) -> None:
     Lighter than :func:`run_torchrun` for testing a function rather than a
     script. ``fn`` must be importable (a module-level function): the ranks
     are forked from a fork server (``forkserver``: a fresh interpreter, not
-    a copy of the caller's threads and connections) that imports torch,
-    mmengine's runner and this package once for all calls of a process,
-    instead of once per rank. An exception in any rank fails the call.
+    a copy of the caller's threads and connections) that imports
+    :data:`TRAINING_IMPORTS` once for all calls of a process, instead of
+    once per rank. An exception in any rank fails the call.
     """
-    multiprocessing.get_context('forkserver').set_forkserver_preload(
-        list(GLOO_PRELOAD))
+    mp.set_forkserver_preload(list(TRAINING_IMPORTS))
     mp.start_processes(
         _gloo_entry,
         args=(fn, world_size, find_free_port(), tuple(args),

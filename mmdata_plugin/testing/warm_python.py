@@ -40,16 +40,11 @@ import sys
 import tempfile
 from typing import Dict, List, Optional, Sequence
 
-from ..utils.torch_internals import LAZY_TRAINING_MODULES
-from .distributed import (cpu_env, find_free_port, raise_if_failed,
-                          run_command, torchrun_command)
+from .distributed import (TRAINING_IMPORTS, cpu_env, find_free_port,
+                          raise_if_failed, run_command, torchrun_command)
 
-#: Imported by the zygote before it serves; what a training run imports.
-PRELOAD = ('numpy', 'cv2', 'torch', *LAZY_TRAINING_MODULES,
-           'mmengine.runner', 'mmengine.config', 'yapf.yapflib.yapf_api',
-           'mmcv', 'mmcv.transforms', 'mmdata_plugin', 'mmdata_plugin.engine')
-#: Environment variables read while PRELOAD is imported: a call whose
-#: values differ from the zygote's gets a fresh interpreter.
+#: Environment variables read while TRAINING_IMPORTS is imported: a call
+#: whose values differ from the zygote's gets a fresh interpreter.
 IMPORT_TIME_ENV = ('CUDA_VISIBLE_DEVICES', 'OMP_NUM_THREADS',
                    'MKL_NUM_THREADS')
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -216,7 +211,7 @@ def _main(path: str, caller: int) -> None:
     _die_with_caller()
     if os.getppid() != caller:
         return  # it died before prctl took effect
-    for name in PRELOAD:
+    for name in TRAINING_IMPORTS:
         try:
             __import__(name)
         except ImportError:
