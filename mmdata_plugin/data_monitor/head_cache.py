@@ -1,8 +1,9 @@
 """The pipeline head cache in DataMonitor reports: its hits and misses, and
 the advice to add one where loading, decoding and resizing dominate.
 
-:func:`add_head_cache` is the one entry point; the hook calls it on every
-report it builds. The counters are the node store's, summed over all ranks
+:func:`read_head_cache` reads the figures and :func:`add_head_cache` puts
+them into a report; the hook does both for the reports it builds. The
+counters are the node store's, summed over all ranks
 and workers of this node since the pipeline was built, read in the process
 that builds the report.
 """
@@ -58,6 +59,11 @@ def head_cache_summary(
     looked_up = summary['hits'] + summary['misses']
     summary['hit_ratio'] = summary['hits'] / looked_up if looked_up else 0.0
     return summary
+
+
+def read_head_cache(dataset) -> Optional[dict]:
+    """:func:`head_cache_summary` of the heads in ``dataset``'s pipelines."""
+    return head_cache_summary(find_cached_heads(dataset))
 
 
 def format_head_cache(summary: dict) -> str:
@@ -145,14 +151,15 @@ def _cfg_text(cfg: dict) -> str:
     return f"dict(type={cfg['type']!r}{', ' + args if args else ''})"
 
 
-def add_head_cache(report: dict, dataset,
+def add_head_cache(report: dict,
+                   summary: Optional[dict],
                    pipeline_cfg: Optional[Iterable] = None) -> dict:
     """Add the head cache's line (and advice) to a DataMonitor report.
 
-    Sets ``report['head_cache']`` (the summary, or None), appends its line
-    to the verdict's summary, and adds advice ``topic='head_cache'``.
+    Sets ``report['head_cache']`` to ``summary`` (see
+    :func:`head_cache_summary`; None without a head), appends its line to
+    the verdict's summary, and adds advice ``topic='head_cache'``.
     """
-    summary = head_cache_summary(find_cached_heads(dataset))
     report['head_cache'] = summary
     if summary is not None:
         report['verdict']['summary'] += '\n' + format_head_cache(summary)

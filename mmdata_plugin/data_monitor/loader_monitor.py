@@ -38,8 +38,9 @@ _perf_counter = time.perf_counter
 #: Counted steps kept as plain tuples before they are added to the books.
 #: Adding them one at a time, between two batches' pipeline work that has
 #: pushed the books out of the CPU caches, costs several times what a run
-#: of them costs.
-BOOK_EVERY = 64
+#: of them costs; a run's cost is mostly fixed, so the longer the run, the
+#: less per step (readers of the books book first: nothing is missed).
+BOOK_EVERY = 256
 
 
 class _TimedIterator:
@@ -307,6 +308,8 @@ class DataLoaderMonitor:
         self._last_received: Optional[float] = None
         self._index = -1
         self._point_steps: List[tuple] = []
+        # Counted steps since take_interval, kept once it is first called.
+        self._interval_steps: Optional[List[tuple]] = None
         # Every stage seen in a timeline point so far (an ordered set): a
         # point gives 0.0 for those its timed batches did not run.
         self._point_stages: dict = {}
@@ -379,6 +382,8 @@ class DataLoaderMonitor:
                         or None)
         self._unbooked.append(counted_step)
         self._point_steps.append(counted_step)
+        if self._interval_steps is not None:
+            self._interval_steps.append(counted_step)
         self._counted += 1
         if self._counted % self.timeline_every == 0:
             return self._close_point()
@@ -421,6 +426,26 @@ class DataLoaderMonitor:
             'worker': record['end'] - record['start'] if record else None,
             'counted': counted
         }
+
+    def take_interval(self) -> dict:
+        """Sums over the steps counted since the last call (the first call
+        starts the count): ``steps``, ``wait`` and ``compute`` (seconds),
+        and over the ``batches`` with a worker record their ``worker``
+        time.
+
+        For a consumer that reports per interval of steps (a log line),
+        instead of reading every step: a counted step costs one append.
+        """
+        steps = self._interval_steps or []
+        self._interval_steps = []
+        records = [record for _, _, record, _, _, _ in steps if record]
+        return dict(
+            steps=len(steps),
+            wait=sum(step[0] for step in steps),
+            compute=sum(step[1] for step in steps if step[1] is not None),
+            batches=len(records),
+            worker=sum(record['end'] - record['start']
+                       for record in records))
 
     def _book_steps(self) -> None:
         """Add the steps counted since the last call to the books."""

@@ -5,6 +5,7 @@ from test_verdict import _report, fake_rank
 
 from mmdata_plugin.data_monitor import format_report
 from mmdata_plugin.data_monitor.head_cache import (add_head_cache,
+                                                   read_head_cache,
                                                    suggested_head)
 from mmdata_plugin.utils import camera_like_image, encode_jpeg
 
@@ -24,7 +25,7 @@ def test_decode_bound_run_without_head_cache_gets_config_lines():
     plain = [dict(type='LoadImageFromFile'),
              dict(type='Resize', scale=(256, 256)),
              dict(type='RandomFlip', prob=0.5)]
-    add_head_cache(report, _Dataset(plain), plain)
+    add_head_cache(report, read_head_cache(_Dataset(plain)), plain)
     advice, = [a['text'] for a in report['advice']
                if a['topic'] == 'head_cache']
     assert advice.startswith('Loading, decoding and resizing take 97% of '
@@ -78,10 +79,11 @@ def test_compute_bound_or_cheap_decode_gets_no_head_cache_advice():
              dict(type='RandomFlip', prob=0.5)]
     compute_bound = _report(fake_rank(wait=0.5, compute=50.0,
                                       stages=DECODE_BOUND))
-    add_head_cache(compute_bound, _Dataset(plain), plain)
+    add_head_cache(compute_bound, read_head_cache(_Dataset(plain)),
+                   plain)
     cheap = _report(fake_rank(wait=9.0, compute=10.0, stages={
         'decode': 1.0, '00_LoadImageFromFile': 0.5, '01_RandomFlip': 20.0}))
-    add_head_cache(cheap, _Dataset(plain), plain)
+    add_head_cache(cheap, read_head_cache(_Dataset(plain)), plain)
     for report in (compute_bound, cheap):
         assert 'head_cache' not in [a['topic'] for a in report['advice']]
 
@@ -97,7 +99,7 @@ def test_pipeline_with_head_cache_reports_hits_and_misses(tmp_path):
     for _ in range(3):
         dataset.pipeline(dict(img_path=path))
     report = _report(fake_rank(wait=9.0, compute=10.0, stages=DECODE_BOUND))
-    add_head_cache(report, dataset, pipeline)
+    add_head_cache(report, read_head_cache(dataset), pipeline)
     summary = report['head_cache']
     assert (summary['hits'], summary['misses'], summary['produced']) == \
         (2, 1, 1)

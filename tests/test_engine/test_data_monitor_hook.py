@@ -392,3 +392,33 @@ def test_refreshes_are_written_beside_training_and_after_train_waits(
     # after_train's final write on the training thread.
     assert writes == [(1, False), (3, False), (5, False), (6, True)]
     assert _report(runner)['context']['iteration'] == 6
+
+
+def test_refreshes_reuse_the_head_cache_figures_the_final_report_reads_them(
+        tmp_path, monkeypatch):
+    from mmdata_plugin.engine.hooks import data_monitor_hook
+    reads = []
+
+    def read_head_cache(dataset):
+        reads.append(threading.current_thread() is threading.main_thread())
+        return dict(cache_dirs=['/node'], hits=len(reads), misses=0,
+                    produced=0, bypassed=0, evicted_entries=0,
+                    committed_bytes=0, limit=1, hit_ratio=1.0)
+
+    monkeypatch.setattr(data_monitor_hook, 'read_head_cache',
+                        read_head_cache)
+    saves = []
+    save = data_monitor_hook.save_report
+
+    def kept_save(report, path, cache=None):
+        saves.append(report['head_cache']['hits'])
+        save(report, path, cache)
+
+    monkeypatch.setattr(data_monitor_hook, 'save_report', kept_save)
+    runner = train(
+        tmp_path, max_iters=6, num_workers=0, hook=dict(table_interval=2))
+    # Three refreshes within HEAD_CACHE_READ_EVERY share the writer's one
+    # read; the final report reads afresh, on the training thread.
+    assert reads == [False, True]
+    assert saves == [1, 1, 1, 2]
+    assert _report(runner)['head_cache']['hits'] == 2

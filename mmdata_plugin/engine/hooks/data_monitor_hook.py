@@ -1,5 +1,6 @@
 """DataMonitorHook: where the data time of a training run goes."""
 import logging
+import math
 import os
 import os.path as osp
 import time
@@ -18,13 +19,19 @@ from mmdata_plugin.data_monitor import (DataLoaderMonitor, build_report,
                                         format_rank_table, format_report,
                                         format_worker_table, loader_context,
                                         plot_report, save_report)
-from mmdata_plugin.data_monitor.head_cache import add_head_cache
+from mmdata_plugin.data_monitor.head_cache import (add_head_cache,
+                                                   read_head_cache)
 from mmdata_plugin.data_monitor.remote_cache import add_remote_cache
 from mmdata_plugin.data_monitor.report_writer import ReportWriter
 from mmdata_plugin.data_monitor.worker_timing import MonitoredBatch
 
 #: Environment variable read by :func:`apply_data_monitor_env`.
 MONITOR_ENV = 'MMDATA_MONITOR'
+#: Seconds a refresh's report may reuse the head cache's figures. Reading
+#: them locks the node store's ledger (beside the workers that write it)
+#: and reads every process's counter file: a third of a refresh's cost.
+#: The final report reads them afresh.
+HEAD_CACHE_READ_EVERY = 10.0
 #: What the hook puts into the log line (message hub keys).
 LOG_SCALARS = ('train/dm_wait_time', 'train/dm_worker_time',
                'train/dm_input_bound')
@@ -119,15 +126,17 @@ class DataMonitorHook(Hook):
         self._logger: Optional[LoggerHook] = None
         self._logged = False
         self._loader_length: Optional[int] = None
-        self._length_read_at = 0
-        self._steps = self._batches = 0
-        self._waited = self._busy = self._worker_sum = 0.0
+        # _logger_logs's bounds: batch indices in between need no check.
+        self._checked_index = -1
+        self._next_check = 0
         self._warned_blind = False
         self._preprocessor = None
         self._writer: Optional[ReportWriter] = None
         self._group = None
         # Timeline points encoded by earlier writes (see encode_report).
         self._encoded: dict = {}
+        # (time.monotonic() when read, summary) of the head cache.
+        self._head_cache: Optional[tuple] = None
 
     # ------------------------------------------------------------ train
     def before_train(self, runner) -> None:
@@ -145,6 +154,8 @@ class DataMonitorHook(Hook):
         self._start_log_interval(runner)
         self.monitor = DataLoaderMonitor(loader, **self.monitor_args)
         self.monitor.install(loop=loop)
+        if self._logger is not None:
+            self.monitor.take_interval()  # starts counting the interval
         # At an exit without after_train, a rank's pending refreshes would
         # wait in their gathers on peers that may be gone: only a single
         # process finishes them.
@@ -206,51 +217,49 @@ class DataMonitorHook(Hook):
                 'DataLoader iterator that bypasses DataLoader.__iter__; the '
                 'monitor cannot unwrap it. Remove DataMonitorHook or iterate '
                 'the loader with iter().')
-        if self.monitor is None:
+        monitor = self.monitor
+        if monitor is None:
             return
         if self._logged:
             self._start_log_interval(runner)
-        point = self.monitor.step(runner.iter)
-        step = self.monitor.last_step
-        if step is None:
+        point = monitor.step(runner.iter)
+        if point is not None:
+            self._add_point(runner, point)
+        elif (monitor.steps_without_batch > 2 and not self._warned_blind
+              and monitor.last_step is None):
             self._warn_if_blind(runner)
-            return
-        if step['counted']:
-            self._count_step(step)
-        if point is not None and get_rank() == 0:
-            scalars = {
-                'data_monitor/wait_time': point['wait'],
-                'data_monitor/compute_time': point['compute'],
-                'data_monitor/worker_time': point['worker'],
-                'data_monitor/transfer_time': point['transfer']
-            }
-            scalars.update({
-                f'data_monitor/{key}_time': ms
-                for key, ms in point['stages'].items()
-            })
-            runner.visualizer.add_scalars(scalars, step=runner.iter + 1)
 
-    def _count_step(self, step: dict) -> None:
-        self._steps += 1
-        self._waited += step['wait']
-        self._busy += step['compute'] or 0.0
-        if step['worker'] is not None:
-            self._worker_sum += step['worker']
-            self._batches += 1
+    def _add_point(self, runner, point: dict) -> None:
+        """Send a timeline point to the visualizer (rank 0's)."""
+        if get_rank() != 0:
+            return
+        scalars = {
+            'data_monitor/wait_time': point['wait'],
+            'data_monitor/compute_time': point['compute'],
+            'data_monitor/worker_time': point['worker'],
+            'data_monitor/transfer_time': point['transfer']
+        }
+        scalars.update({
+            f'data_monitor/{key}_time': ms
+            for key, ms in point['stages'].items()
+        })
+        runner.visualizer.add_scalars(scalars, step=runner.iter + 1)
 
     def _publish_interval(self, runner) -> None:
         """Put the interval's means into the message hub for LoggerHook
         (one update per log line: HistoryBuffer.update copies its array)."""
-        if not self._steps:
+        interval = self.monitor.take_interval()
+        if not interval['steps']:
             return
         hub = runner.message_hub
-        hub.update_scalar('train/dm_wait_time', self._waited / self._steps)
-        if self._batches:
+        hub.update_scalar('train/dm_wait_time',
+                          interval['wait'] / interval['steps'])
+        if interval['batches']:
             hub.update_scalar('train/dm_worker_time',
-                              self._worker_sum / self._batches)
-        span = self._waited + self._busy
+                              interval['worker'] / interval['batches'])
+        span = interval['wait'] + interval['compute']
         hub.update_scalar('train/dm_input_bound',
-                          self._waited / span if span else 0.0)
+                          interval['wait'] / span if span else 0.0)
 
     def _start_log_interval(self, runner) -> None:
         """Forget the dm_* values of the last logging interval.
@@ -263,25 +272,36 @@ class DataMonitorHook(Hook):
         scalars = runner.message_hub.log_scalars
         for key in LOG_SCALARS:
             scalars.pop(key, None)
-        self._steps = self._batches = 0
-        self._waited = self._busy = self._worker_sum = 0.0
         self._logged = False
 
     def _logger_logs(self, runner, batch_idx: int) -> bool:
         """Whether LoggerHook writes a log line after this iteration (its
-        own condition, see ``LoggerHook.after_train_iter``)."""
+        own condition, see ``LoggerHook.after_train_iter``).
+
+        Checked in full only at the next index that may log (its interval's
+        end, the epoch's last batch) or when ``batch_idx`` starts again:
+        most steps cost one comparison.
+        """
+        if self._checked_index < batch_idx < self._next_check:
+            self._checked_index = batch_idx
+            return False
         logger = self._logger
         if logger is None:
+            self._checked_index, self._next_check = batch_idx, math.inf
             return False
-        if logger.every_n_inner_iters(batch_idx, logger.interval):
-            return True
-        # len(loader) goes through the batch sampler and the sampler, every
-        # iteration; it changes at most between epochs (batch_idx restarts).
-        if self._loader_length is None or batch_idx <= self._length_read_at:
+        # len(loader) goes through the batch sampler and the sampler; it
+        # changes at most between epochs (batch_idx restarts).
+        if self._loader_length is None or batch_idx <= self._checked_index:
             self._loader_length = len(runner.train_dataloader)
-        self._length_read_at = batch_idx
-        return batch_idx + 1 == self._loader_length and (
-            not logger.ignore_last or self._loader_length <= logger.interval)
+        length, interval = self._loader_length, logger.interval
+        self._checked_index = batch_idx
+        self._next_check = ((batch_idx + 1) // interval + 1) * interval - 1
+        if batch_idx < length - 1:
+            self._next_check = min(self._next_check, length - 1)
+        if logger.every_n_inner_iters(batch_idx, interval):
+            return True
+        return batch_idx + 1 == length and (not logger.ignore_last
+                                            or length <= interval)
 
     def _warn_if_blind(self, runner) -> None:
         if (self._warned_blind or self.monitor.steps_without_batch < 3
@@ -298,12 +318,13 @@ class DataMonitorHook(Hook):
                          batch_idx: int,
                          data_batch=None,
                          outputs=None) -> None:
-        if self.monitor is not None:
-            self._logged = self._logger_logs(runner, batch_idx)
-            if self._logged:
-                self._publish_interval(runner)
-        if (self.monitor is None or not self.table_interval
-                or not self.every_n_train_iters(runner, self.table_interval)):
+        if self.monitor is None:
+            return
+        self._logged = self._logger_logs(runner, batch_idx)
+        if self._logged:
+            self._publish_interval(runner)
+        if not self.table_interval or (runner.iter +
+                                       1) % self.table_interval:
             return
         self._writer.submit(self._refresh, runner,
                             self._snapshot(runner, with_window=True))
@@ -392,9 +413,21 @@ class DataMonitorHook(Hook):
                               world_size=get_world_size(),
                               iteration=snapshot['iteration'],
                               max_iters=snapshot['max_iters'])
-        add_head_cache(report, snapshot['dataset'], snapshot['pipeline'])
+        add_head_cache(report, self._read_head_cache(snapshot),
+                       snapshot['pipeline'])
         add_remote_cache(report, snapshot['dataset'], snapshot['batches'])
         return report, [g.get('window') for g in gathered]
+
+    def _read_head_cache(self, snapshot: dict) -> Optional[dict]:
+        """The head cache's figures: read afresh for the final report, at
+        most every ``HEAD_CACHE_READ_EVERY`` seconds for a refresh's."""
+        now = time.monotonic()
+        final = snapshot['window'] is None  # only refreshes take a window
+        if (final or self._head_cache is None
+                or now - self._head_cache[0] >= HEAD_CACHE_READ_EVERY):
+            self._head_cache = (now, read_head_cache(snapshot['dataset']))
+        summary = self._head_cache[1]
+        return None if summary is None else dict(summary)
 
     def _path(self, runner, extension: str) -> str:
         return osp.join(self.out_dir or runner.log_dir,
