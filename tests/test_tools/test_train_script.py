@@ -129,18 +129,14 @@ def test_auto_resume_falls_back_to_the_newest_readable_checkpoint(
     assert 'resumed epoch: 0, iter: 3' in out
 
 
-def test_auto_resume_without_checkpoint_says_it_starts_from_scratch(
-        train_env, tmp_path):
-    out = _train(tmp_path, train_env, '--resume', max_iters=2)
+def test_auto_resume_without_checkpoint_and_amp_on_cpu(train_env, tmp_path):
+    # Two flags that do not interact, on one run (a run costs ~10 s).
+    out = _train(tmp_path, train_env, '--resume', '--amp', max_iters=2)
     message = (f'--resume: no readable checkpoint in {tmp_path}; training '
                'starts from scratch.')
     assert message in out
     assert message in _log_file_text(tmp_path)
     assert 'Saving checkpoint at 2 iterations' in out
-
-
-def test_amp_on_cpu(train_env, tmp_path):
-    out = _train(tmp_path, train_env, '--amp', max_iters=2)
     assert "type='CPUAutocastOptimWrapper'" in out
     assert osp.isfile(osp.join(tmp_path, 'iter_2.pth'))
 
