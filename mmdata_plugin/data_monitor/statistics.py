@@ -280,10 +280,7 @@ class StepColumns:
         self.slack = Series(slack)
         self.samples = sum(samples)
         self.cpu = sum(cpu)
-        # is_timed, inline: a call per record costs more than the test.
-        self.timed = [
-            record for record in records if record.get('timed', True)
-        ]
+        self.timed = [record for record in records if is_timed(record)]
         figures = (records, pids, worker_time, transfer, slack, cpu)
         self.workers = self._by(ids, *figures)
         # Per node: the batches of Ray data actors (None: a local

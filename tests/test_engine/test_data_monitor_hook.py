@@ -422,3 +422,46 @@ def test_refreshes_reuse_the_head_cache_figures_the_final_report_reads_them(
     assert reads == [False, True]
     assert saves == [1, 1, 1, 2]
     assert _report(runner)['head_cache']['hits'] == 2
+
+
+def _stand_in_runner(loader, logger):
+    """What before_train and the steps read of a Runner."""
+    from types import SimpleNamespace
+
+    from mmengine.logging import MessageHub
+    return SimpleNamespace(
+        iter=0, max_iters=100, logger=logger, log_dir='unused', cfg=Config(),
+        hooks=[], model=SimpleNamespace(),
+        message_hub=MessageHub.get_instance('dm_blind_test'),
+        visualizer=SimpleNamespace(add_scalars=lambda *a, **k: None),
+        train_loop=SimpleNamespace(dataloader=loader),
+        train_dataloader=loader)
+
+
+@pytest.mark.parametrize('counted_first', [False, True])
+def test_a_loop_that_bypasses_the_monitored_iterator_is_warned_once(
+        counted_first, caplog):
+    import logging
+    logger = logging.getLogger('dm_blind_test')
+    loader = DataLoader(list(range(64)), batch_size=2)
+    runner = _stand_in_runner(loader, logger)
+    hook = DataMonitorHook(warmup_iters=0, settle_iters=0, table_interval=0,
+                           plot=False)
+    hook.before_train(runner)
+    try:
+        if counted_first:  # a loop that did feed the monitor before
+            batches = iter(loader)
+            for _ in range(3):
+                next(batches)
+                hook.before_train_iter(runner, runner.iter)
+                runner.iter += 1
+            assert hook.monitor.counted_steps
+        with caplog.at_level(logging.WARNING, logger='dm_blind_test'):
+            for _ in range(6):  # steps that took no batch from the loader
+                hook.before_train_iter(runner, runner.iter)
+                runner.iter += 1
+    finally:
+        hook._writer.close()
+        hook.monitor.uninstall()
+    warnings = [r for r in caplog.records if 'cannot see' in r.message]
+    assert len(warnings) == (0 if counted_first else 1)

@@ -129,7 +129,8 @@ class DataMonitorHook(Hook):
         # _logger_logs's bounds: batch indices in between need no check.
         self._checked_index = -1
         self._next_check = 0
-        self._warned_blind = False
+        # Whether the loop was judged blind (see _warn_if_blind): once.
+        self._blind_checked = False
         self._preprocessor = None
         self._writer: Optional[ReportWriter] = None
         self._group = None
@@ -225,7 +226,7 @@ class DataMonitorHook(Hook):
         point = monitor.step(runner.iter)
         if point is not None:
             self._add_point(runner, point)
-        elif (monitor.steps_without_batch > 2 and not self._warned_blind
+        elif (monitor.steps_without_batch > 2 and not self._blind_checked
               and monitor.last_step is None):
             self._warn_if_blind(runner)
 
@@ -304,10 +305,11 @@ class DataMonitorHook(Hook):
                                             or length <= interval)
 
     def _warn_if_blind(self, runner) -> None:
-        if (self._warned_blind or self.monitor.steps_without_batch < 3
-                or self.monitor.counted_steps):
+        """Warn once that a third step came without a batch, unless a step
+        was counted before (then the loop is not blind, and stays so)."""
+        self._blind_checked = True
+        if self.monitor.counted_steps:
             return
-        self._warned_blind = True
         runner.logger.warning(
             'DataMonitorHook: no batch went through the monitored '
             'DataLoader iterator; this training loop iterates the loader '
@@ -323,8 +325,8 @@ class DataMonitorHook(Hook):
         self._logged = self._logger_logs(runner, batch_idx)
         if self._logged:
             self._publish_interval(runner)
-        if not self.table_interval or (runner.iter +
-                                       1) % self.table_interval:
+        if not self.table_interval or not self.every_n_train_iters(
+                runner, self.table_interval):
             return
         self._writer.submit(self._refresh, runner,
                             self._snapshot(runner, with_window=True))
