@@ -424,6 +424,14 @@ def run_script(script: str,
     return raise_if_failed(zygote.run(script, args, env, cwd, timeout))
 
 
+def warm_socket(env: Optional[Dict[str, str]] = None) -> Optional[str]:
+    """The socket of the warm interpreter for ``cpu_env(env)`` (started if
+    none serves it yet), for a process that asks it for forks itself
+    (:mod:`.warm_ray_worker`); None where the call does not allow one."""
+    zygote = _zygote_for(cpu_env(env))
+    return None if zygote is None else zygote.path
+
+
 def start_script(script: str,
                  args: Sequence[str],
                  output: str,

@@ -9,7 +9,8 @@ import os.path as osp
 import pytest
 from helpers import REPO_ROOT
 
-from mmdata_plugin.testing import python_path
+from mmdata_plugin.testing import python_path, warm_ray_worker
+from mmdata_plugin.testing.warm_python import warm_socket
 
 # Every node and the driver name themselves 127.0.0.1 (read when Ray is
 # imported): all cluster traffic stays on loopback.
@@ -25,9 +26,15 @@ _CLUSTER_ENV = {
 }
 
 
+# Each node starts its workers (an actor's process) as forks of the warm
+# interpreter: ~1 s per actor instead of ~3.5 s of imports.
+_WARM_WORKERS = dict(worker_path=warm_ray_worker.__file__)
+
+
 def _add_data_nodes(nodes, count: int) -> None:
     for _ in range(count):
-        nodes.add_node(num_cpus=2, resources=dict(data_node=2))
+        nodes.add_node(num_cpus=2, resources=dict(data_node=2),
+                       **_WARM_WORKERS)
 
 
 @contextlib.contextmanager
@@ -36,10 +43,15 @@ def _loopback_cluster():
     ``ray.cluster_utils.Cluster``; this process is connected to it."""
     ray = pytest.importorskip('ray')
     from ray.cluster_utils import Cluster
-    previous = {name: os.environ.get(name) for name in _CLUSTER_ENV}
-    os.environ.update(_CLUSTER_ENV)
+    env = dict(_CLUSTER_ENV)
+    warm = warm_socket(env)
+    if warm is not None:
+        env[warm_ray_worker.SOCKET_ENV] = warm
+    previous = {name: os.environ.get(name) for name in env}
+    os.environ.update(env)
     nodes = Cluster(initialize_head=True,
-                    head_node_args=dict(num_cpus=1, include_dashboard=False))
+                    head_node_args=dict(num_cpus=1, include_dashboard=False,
+                                        **_WARM_WORKERS))
     try:
         _add_data_nodes(nodes, 2)
         ray.init(address=nodes.address, include_dashboard=False,

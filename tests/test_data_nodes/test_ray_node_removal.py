@@ -29,14 +29,16 @@ FAST_RESUME = dict(type='FastResumeIterBasedTrainLoop', max_iters=10)
 ONE_CPU_EACH = dict(num_cpus=1, resources=dict(data_node=1))
 
 
-def _parent_pid(pid: int) -> int:
-    with open(f'/proc/{pid}/stat') as f:
-        # 'pid (comm) state ppid ...'; comm may hold spaces.
-        return int(f.read().rsplit(')', 1)[1].split()[1])
-
-
-def _raylet_pid(node) -> int:
-    return node.all_processes['raylet'][0].process.pid
+def _node_ids(pids) -> list:
+    """The Ray node id of each actor process of ``pids``, from the GCS's
+    actor table (an actor's process is a fork of the warm interpreter,
+    conftest.py: not a child of its node's raylet)."""
+    node_of = {
+        actor['Pid']: actor['Address']['NodeID']
+        for actor in ray._private.state.actors().values()
+        if actor['State'] == 'ALIVE'
+    }
+    return [node_of[pid] for pid in pids]
 
 
 class RemoveNodeAt(Hook):
@@ -45,8 +47,8 @@ class RemoveNodeAt(Hook):
     it.
 
     Ray places actors as it likes (often all on one node): the node to
-    remove is found from the actor's process, whose parent is its node's
-    raylet, so that the removal always takes actors with it.
+    remove is the one Ray reports for the actor, so that the removal
+    always takes actors with it.
     """
     priority = 'VERY_LOW'
 
@@ -61,12 +63,12 @@ class RemoveNodeAt(Hook):
         if runner.iter + 1 != self.at:
             return
         time.sleep(self.pause)
-        parents = [_parent_pid(n.pid) for n in ray_hook_of(runner).pool.nodes]
+        nodes = _node_ids(n.pid for n in ray_hook_of(runner).pool.nodes)
         node = next(n for n in self.cluster.worker_nodes
-                    if _raylet_pid(n) == parents[0])
+                    if n.node_id == nodes[0])
         self.slots_on_node = [
-            slot for slot, parent in enumerate(parents)
-            if parent == _raylet_pid(node)
+            slot for slot, node_id in enumerate(nodes)
+            if node_id == node.node_id
         ]
         self.cluster.remove_node(node)
 
