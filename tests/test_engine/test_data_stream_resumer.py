@@ -645,3 +645,28 @@ def test_positioning_is_lazy_and_keeps_the_iterator_object():
     next(iterator)
     assert iterator.started
     assert list(itertools.islice(iterator, 1))
+
+
+@pytest.mark.parametrize('rank', [0, 1])
+def test_an_infinite_sampler_iterated_again_continues_its_stream(rank):
+    """InfiniteSampler's passes share one generator: a second ``iter()``
+    goes on where the first stopped, on each rank; so does the positioned
+    stream (restarting it would feed the first samples again)."""
+
+    def loader():
+        sampler = InfiniteSampler(range(10), shuffle=True, seed=3)
+        sampler.rank, sampler.world_size = rank, 2
+        return DataLoader(range(10), batch_size=BATCH, sampler=sampler)
+
+    def two_passes(batch_sampler):
+        # The first pass is kept open: closing it closes the stock
+        # sampler's shared generator too.
+        passes = [iter(batch_sampler), iter(batch_sampler)]
+        return [[list(map(int, batch))
+                 for batch in itertools.islice(one_pass, 3)]
+                for one_pass in passes]
+
+    expected = two_passes(loader().batch_sampler)
+    ours = loader()
+    DataStreamResumer(ours, seed=0).resume(0)
+    assert two_passes(ours.batch_sampler) == expected
