@@ -559,7 +559,8 @@ def steady_state(build: Callable[[int], DataLoader], hook_args: dict,
     plain loader on the same samples (plain, monitored, monitored, plain
     per round). A monitored chunk ends when the report writer has done
     what the chunk handed it (the hook's private ``_writer``: a
-    benchmark-only shortcut), so the process CPU time of the chunk (every
+    benchmark-only shortcut, as is its count of refreshes handed over,
+    ``_submitted``), so the process CPU time of the chunk (every
     thread: no DataLoader workers) holds the whole cost, amortised over
     the run as over the chunks: (monitored - plain) summed over the
     rounds, per sample. Also the longest single ``after_train_iter`` call
@@ -595,7 +596,7 @@ def steady_state(build: Callable[[int], DataLoader], hook_args: dict,
     def hooked(iterator: Iterator) -> Iterator:
         while True:
             batch = next(iterator)
-            index = runner.iter
+            index, submitted = runner.iter, hook._submitted
             cpu = time.thread_time()
             hook.before_train_iter(runner, index, batch)
             start = time.perf_counter()
@@ -605,8 +606,7 @@ def steady_state(build: Callable[[int], DataLoader], hook_args: dict,
             hook_cpu[0] += clock - cpu
             clock_cpu[0] += time.thread_time() - clock
             longest['call'] = max(longest['call'], spent)
-            if hook.table_interval and hook.every_n_train_iters(
-                    runner, hook.table_interval):
+            if hook._submitted != submitted:
                 longest['refresh'] = max(longest['refresh'], spent)
             runner.iter += 1
             yield batch
@@ -622,8 +622,7 @@ def steady_state(build: Callable[[int], DataLoader], hook_args: dict,
         hook_cpu[0] = clock_cpu[0] = 0.0
         writer_clock = time.pthread_getcpuclockid(hook._writer.thread.ident)
         writer_cpu = time.clock_gettime(writer_clock)
-        refreshes = runner.iter // hook.table_interval if (
-            hook.table_interval) else 0
+        refreshes = hook._submitted
         cpu = {m: [] for m in MODES}
         wall = {m: 0.0 for m in MODES}
         samples = {m: 0 for m in MODES}
@@ -638,8 +637,7 @@ def steady_state(build: Callable[[int], DataLoader], hook_args: dict,
                 wall[mode] += time.perf_counter() - clock
             for mode in MODES:
                 cpu[mode].append(spent[mode])
-        refreshes = (runner.iter // hook.table_interval - refreshes if (
-            hook.table_interval) else 0)
+        refreshes = hook._submitted - refreshes
         writer_cpu = time.clock_gettime(writer_clock) - writer_cpu
     finally:
         hook.after_train(runner)

@@ -326,12 +326,15 @@ def test_two_rank_run_names_the_slowed_rank(tmp_path, train_env):
     (tmp_path / 'slow_rank_plugin.py').write_text(SLOW_RANK_PLUGIN)
     config = tmp_path / 'slow_rank.py'
     # MMDATA_MONITOR=1 keeps the config's hook, which refreshes the tables
-    # (a gather of both ranks on the writer thread) three times.
+    # (a gather of both ranks on the writer thread) at iteration 8 only:
+    # both ranks must skip 16 and 24 alike (table_min_seconds), or one
+    # waits in a gather the other never joins.
     config.write_text(
         f'_base_ = [{DEMO_CONFIG!r}]\n'
         "custom_imports = dict(imports=['mmdata_plugin', 'slow_rank_plugin'],"
         ' allow_failed_imports=False)\n'
-        "custom_hooks = [dict(type='DataMonitorHook', table_interval=8)]\n"
+        "custom_hooks = [dict(type='DataMonitorHook', table_interval=8, "
+        'table_min_seconds=3600)]\n'
         'train_dataloader = dict(num_workers=1, dataset=dict(pipeline=['
         "dict(type='LoadImageFromFile'), "
         "dict(type='SlowOnRank', rank=1, ms=40), "
@@ -365,10 +368,11 @@ def test_two_rank_run_names_the_slowed_rank(tmp_path, train_env):
     assert verdict['bottleneck'] == '01_SlowOnRank'
     assert '(rank 1, the worst of 2)' in out
     assert 'Rank 1 is starved' in out
-    for iteration in (8, 16, 24):
-        assert f'DataMonitor at iteration {iteration}, rank ' in out
-    # Three refreshes and the final report, each with both ranks' figures.
-    assert out.count('Per rank (ms per step):') == 4
+    assert 'DataMonitor at iteration 8, rank ' in out
+    assert 'DataMonitor at iteration 16' not in out
+    assert 'DataMonitor at iteration 24' not in out
+    # One refresh and the final report, each with both ranks' figures.
+    assert out.count('Per rank (ms per step):') == 2
     assert not glob.glob(str(work_dir / '*' / 'data_monitor.json.tmp'))
 
 
@@ -387,11 +391,62 @@ def test_refreshes_are_written_beside_training_and_after_train_waits(
 
     monkeypatch.setattr(data_monitor_hook, 'save_report', slow_save)
     runner = train(
-        tmp_path, max_iters=6, num_workers=0, hook=dict(table_interval=2))
+        tmp_path,
+        max_iters=6,
+        num_workers=0,
+        hook=dict(table_interval=2, table_min_seconds=0))
     # Refreshes at iterations 2, 4, 6 on the writer thread, all done before
     # after_train's final write on the training thread.
     assert writes == [(1, False), (3, False), (5, False), (6, True)]
     assert _report(runner)['context']['iteration'] == 6
+
+
+def test_refreshes_skip_intervals_shorter_than_table_min_seconds():
+    hook = DataMonitorHook(table_interval=10, table_min_seconds=5)
+    # 10 iterations in 1 s: the next refresh 5 intervals on.
+    hook._space_refreshes(9, 1.0)
+    assert hook._next_table == 60
+    # 50 iterations in 12.5 s: 2 intervals on.
+    hook._space_refreshes(59, 13.5)
+    assert hook._next_table == 80
+    # Slow steps: the next interval.
+    hook._space_refreshes(79, 63.5)
+    assert hook._next_table == 90
+    every_interval = DataMonitorHook(table_interval=10, table_min_seconds=0)
+    every_interval._space_refreshes(9, 0.001)
+    assert every_interval._next_table == 20
+
+
+def test_every_rank_waits_for_the_spacing_of_the_refresh_before(
+        tmp_path, monkeypatch):
+    """The next refresh's iteration is decided on the writer's thread
+    after its gather; a training thread that reached the next interval
+    first waits for it instead of reading the one before (a rank that did
+    not would refresh alone, its gather waiting on the others)."""
+    from mmdata_plugin.engine.hooks import data_monitor_hook
+    gather = data_monitor_hook.all_gather_object
+
+    def slow_gather(data, group=None):
+        if threading.current_thread() is not threading.main_thread():
+            time.sleep(0.5)
+        return gather(data, group=group)
+
+    monkeypatch.setattr(data_monitor_hook, 'all_gather_object', slow_gather)
+    writes = []
+    save = data_monitor_hook.save_report
+
+    def kept_save(report, path, cache=None):
+        writes.append(report['context']['iteration'])
+        save(report, path, cache)
+
+    monkeypatch.setattr(data_monitor_hook, 'save_report', kept_save)
+    runner = train(
+        tmp_path,
+        max_iters=8,
+        num_workers=0,
+        hook=dict(table_interval=2, table_min_seconds=3600))
+    assert writes == [1, 8]
+    assert _report(runner)['context']['iteration'] == 8
 
 
 def test_refreshes_reuse_the_head_cache_figures_the_final_report_reads_them(
@@ -416,7 +471,10 @@ def test_refreshes_reuse_the_head_cache_figures_the_final_report_reads_them(
 
     monkeypatch.setattr(data_monitor_hook, 'save_report', kept_save)
     runner = train(
-        tmp_path, max_iters=6, num_workers=0, hook=dict(table_interval=2))
+        tmp_path,
+        max_iters=6,
+        num_workers=0,
+        hook=dict(table_interval=2, table_min_seconds=0))
     # Three refreshes within HEAD_CACHE_READ_EVERY share the writer's one
     # read; the final report reads afresh, on the training thread.
     assert reads == [False, True]

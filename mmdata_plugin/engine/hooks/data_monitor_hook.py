@@ -62,7 +62,10 @@ class DataMonitorHook(Hook):
     The tables and the JSON file of ``table_interval`` are made on a
     thread of their own: the training thread only copies the figures
     (well under a millisecond), and waits only when two refreshes are
-    already pending. Files are replaced atomically: a run that is killed
+    already pending. With fast steps they come at most every
+    ``table_min_seconds``: a refresh costs a few milliseconds, which
+    every ``table_interval`` iterations of 10 ms steps would be several
+    microseconds per sample for a table nobody reads every second. Files are replaced atomically: a run that is killed
     leaves the last complete report; a single process that ends on an
     error finishes the pending refreshes first (for up to 10 s).
     Warm-up steps and steps right after a restart of the loader, a
@@ -74,6 +77,11 @@ class DataMonitorHook(Hook):
             (sent to the visualizer). Defaults to 50.
         table_interval (int): Log a per-worker table (and refresh the JSON
             file) every this many iterations; 0 disables. Defaults to 500.
+        table_min_seconds (float): Seconds between two refreshes at least:
+            when ``table_interval`` iterations take less, refreshes skip
+            whole intervals (judged on rank 0's clock, so that every rank
+            refreshes at the same iterations). 0: every
+            ``table_interval`` iterations. Defaults to 10.
         warmup_iters (int): Steps not counted at the start. Defaults to 10.
         settle_iters (int, optional): Steps not counted after a restart,
             validation or checkpoint. Defaults to the batches in flight
@@ -94,6 +102,7 @@ class DataMonitorHook(Hook):
     def __init__(self,
                  interval: int = 50,
                  table_interval: int = 500,
+                 table_min_seconds: float = 10.0,
                  warmup_iters: int = 10,
                  settle_iters: Optional[int] = None,
                  per_transform: bool = True,
@@ -101,17 +110,20 @@ class DataMonitorHook(Hook):
                  out_dir: Optional[str] = None,
                  plot: bool = True,
                  sample_every: Optional[int] = None) -> None:
-        if interval < 1 or table_interval < 0 or warmup_iters < 0:
+        if (interval < 1 or table_interval < 0 or table_min_seconds < 0
+                or warmup_iters < 0):
             raise ValueError(
-                'DataMonitorHook needs interval >= 1, table_interval >= 0 '
-                f'and warmup_iters >= 0, got interval={interval}, '
-                f'table_interval={table_interval}, '
+                'DataMonitorHook needs interval >= 1, table_interval >= 0, '
+                'table_min_seconds >= 0 and warmup_iters >= 0, got '
+                f'interval={interval}, table_interval={table_interval}, '
+                f'table_min_seconds={table_min_seconds}, '
                 f'warmup_iters={warmup_iters}')
         if sample_every is not None and sample_every < 1:
             raise ValueError('DataMonitorHook needs sample_every=None or >= '
                              f'1, got sample_every={sample_every}')
         self.interval = interval
         self.table_interval = table_interval
+        self.table_min_seconds = table_min_seconds
         self.monitor_args = dict(
             warmup_iters=warmup_iters,
             settle_iters=settle_iters,
@@ -138,6 +150,14 @@ class DataMonitorHook(Hook):
         self._encoded: dict = {}
         # (time.monotonic() when read, summary) of the head cache.
         self._head_cache: Optional[tuple] = None
+        # The refreshes' spacing (see _space_refreshes): the iteration
+        # count of the next one, and rank 0's (seconds since before_train,
+        # iteration) at the last one, all set on the writer's thread.
+        self._next_table = table_interval
+        self._last_table = (0.0, -1)
+        self._started = 0.0
+        # Refreshes handed over, and those whose successor is decided.
+        self._submitted = self._spaced = 0
 
     # ------------------------------------------------------------ train
     def before_train(self, runner) -> None:
@@ -167,6 +187,7 @@ class DataMonitorHook(Hook):
         # threads must not share a group.
         if get_world_size() > 1:
             self._group = torch_dist.new_group(backend='gloo')
+        self._started = time.monotonic()
         self._time_preprocessor(runner)
         pipelines = self.monitor.instrumentation.pipelines
         # RayDataNodesHook: the actors make the batches (their stages are
@@ -328,6 +349,14 @@ class DataMonitorHook(Hook):
         if not self.table_interval or not self.every_n_train_iters(
                 runner, self.table_interval):
             return
+        if self._spaced < self._submitted:
+            # Every rank must make the same choice (a refresh gathers all
+            # ranks): wait for the writer to decide, which takes
+            # milliseconds, while table_interval iterations have passed.
+            self._writer.flush()
+        if runner.iter + 1 < self._next_table:
+            return
+        self._submitted += 1
         self._writer.submit(self._refresh, runner,
                             self._snapshot(runner, with_window=True))
         # Copying the figures is not the model's compute time.
@@ -394,6 +423,7 @@ class DataMonitorHook(Hook):
             window=(self.monitor.take_window(deferred=True)
                     if with_window else None),
             iteration=runner.iter,
+            elapsed=time.monotonic() - self._started,
             max_iters=runner.max_iters,
             dataset=dataset,
             pipeline=runner.cfg.get('train_dataloader', {}).get(
@@ -407,10 +437,15 @@ class DataMonitorHook(Hook):
         A collective: every rank calls it for the same iteration.
         """
         rank = get_rank()
-        mine = dict(total=dict(snapshot['total'](), rank=rank))
+        mine = dict(
+            total=dict(snapshot['total'](), rank=rank),
+            elapsed=snapshot['elapsed'])
         if snapshot['window'] is not None:
             mine['window'] = dict(snapshot['window'](), rank=rank)
         gathered = all_gather_object(mine, group=self._group)
+        if snapshot['window'] is not None:  # a refresh
+            self._space_refreshes(snapshot['iteration'],
+                                  gathered[0]['elapsed'])
         report = build_report([g['total'] for g in gathered],
                               world_size=get_world_size(),
                               iteration=snapshot['iteration'],
@@ -419,6 +454,23 @@ class DataMonitorHook(Hook):
                        snapshot['pipeline'])
         add_remote_cache(report, snapshot['dataset'], snapshot['batches'])
         return report, [g.get('window') for g in gathered]
+
+    def _space_refreshes(self, iteration: int, elapsed: float) -> None:
+        """Set the iteration of the next refresh: ``table_interval``
+        iterations on, or as many whole intervals as the time since the
+        last refresh says make ``table_min_seconds``. ``elapsed`` is rank
+        0's (gathered): every rank decides alike."""
+        last_elapsed, last_iteration = self._last_table
+        self._last_table = (elapsed, iteration)
+        intervals = 1
+        seconds = elapsed - last_elapsed
+        if self.table_min_seconds and seconds > 0:
+            per_interval = (seconds / (iteration - last_iteration) *
+                            self.table_interval)
+            intervals = max(1,
+                            math.ceil(self.table_min_seconds / per_interval))
+        self._next_table = iteration + 1 + intervals * self.table_interval
+        self._spaced += 1
 
     def _read_head_cache(self, snapshot: dict) -> Optional[dict]:
         """The head cache's figures: read afresh for the final report, at
