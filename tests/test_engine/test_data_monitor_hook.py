@@ -417,6 +417,21 @@ def test_refreshes_skip_intervals_shorter_than_table_min_seconds():
     assert every_interval._next_table == 20
 
 
+def test_a_resumed_run_spaces_its_first_refresh_from_where_it_resumed():
+    import logging
+    loader = DataLoader(list(range(8)), batch_size=2)
+    runner = _stand_in_runner(loader, logging.getLogger('dm_resumed_test'))
+    runner.iter = 1000
+    hook = DataMonitorHook(table_interval=10, table_min_seconds=5)
+    hook.before_train(runner)
+    try:
+        # 100 iterations (not 1,100) in 1 s: 50 intervals on (not 550).
+        hook._space_refreshes(1099, 1.0)
+        assert hook._next_table == 1600
+    finally:
+        hook.after_train(runner)
+
+
 def test_every_rank_waits_for_the_spacing_of_the_refresh_before(
         tmp_path, monkeypatch):
     """The next refresh's iteration is decided on the writer's thread

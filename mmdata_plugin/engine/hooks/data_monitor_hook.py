@@ -187,7 +187,10 @@ class DataMonitorHook(Hook):
         # threads must not share a group.
         if get_world_size() > 1:
             self._group = torch_dist.new_group(backend='gloo')
+        # A resumed run starts at runner.iter: the first spacing counts
+        # the iterations from there.
         self._started = time.monotonic()
+        self._last_table = (0.0, runner.iter - 1)
         self._time_preprocessor(runner)
         pipelines = self.monitor.instrumentation.pipelines
         # RayDataNodesHook: the actors make the batches (their stages are
