@@ -26,6 +26,7 @@ from .rank_sharded_sampler import RankShardedSampler
 
 class _EpochLayout(NamedTuple):
     """Where the shards lie in one epoch's stream (O(shards) arrays)."""
+    shard_order: IndexPermutation
     shard_of_slot: np.ndarray
     slot_starts: np.ndarray
     window_starts: np.ndarray
@@ -93,27 +94,20 @@ class ShardWindowSampler(RankShardedSampler):
         self._layouts = {}
 
     def _layout(self, perm_epoch: int) -> _EpochLayout:
-        # Keyed by the seed too: a resume may re-apply a checkpoint's seed.
-        key = (self.seed, perm_epoch)
-        layout = self._layouts.get(key)
-        if layout is None:
-            # A planner asks across an epoch boundary; keep just those two.
-            self._layouts = {
-                k: v
-                for k, v in self._layouts.items()
-                if k == (self.seed, perm_epoch - 1)
-            }
-            shard_of_slot = IndexPermutation(
-                self.num_shards, self.seed, perm_epoch,
-                self.rounds)(np.arange(self.num_shards))
-            slot_starts = np.concatenate(
-                ([0], np.cumsum(np.diff(self._shard_starts)[shard_of_slot])))
-            window_starts = slot_starts[np.append(
-                np.arange(0, self.num_shards, self.window_shards),
-                self.num_shards)]
-            layout = _EpochLayout(shard_of_slot, slot_starts, window_starts)
-            self._layouts[key] = layout
-        return layout
+        return self._of_pass(self._layouts, perm_epoch,
+                             lambda: self._build_layout(perm_epoch))
+
+    def _build_layout(self, perm_epoch: int) -> _EpochLayout:
+        shard_order = IndexPermutation(self.num_shards, self.seed,
+                                       perm_epoch, self.rounds)
+        shard_of_slot = shard_order(np.arange(self.num_shards))
+        slot_starts = np.concatenate(
+            ([0], np.cumsum(np.diff(self._shard_starts)[shard_of_slot])))
+        window_starts = slot_starts[np.append(
+            np.arange(0, self.num_shards, self.window_shards),
+            self.num_shards)]
+        return _EpochLayout(shard_order, shard_of_slot, slot_starts,
+                            window_starts)
 
     def _window_permutation(self, perm_epoch: int, layout: _EpochLayout,
                             window: int) -> IndexPermutation:
@@ -148,8 +142,7 @@ class ShardWindowSampler(RankShardedSampler):
             return ids
         layout = self._layout(perm_epoch)
         shards = np.searchsorted(self._shard_starts, ids, 'right') - 1
-        slots = IndexPermutation(self.num_shards, self.seed, perm_epoch,
-                                 self.rounds).inverse(shards)
+        slots = layout.shard_order.inverse(shards)
         drawn = layout.slot_starts[slots] + ids - self._shard_starts[shards]
         windows = slots // self.window_shards
         positions = np.empty_like(ids)
