@@ -10,8 +10,12 @@ import numpy as np
 import pytest
 from torch.utils.data import BatchSampler
 
+from test_rank_sharded_sampler import _epoch
+from test_rank_sharded_sampler import _ranks as simulated_ranks
+from test_rank_sharded_sampler import block  # noqa: F401
+from test_rank_sharded_sampler import check_fast_forward
+
 from mmdata_plugin.datasets import ShardWindowSampler
-from mmdata_plugin.datasets import rank_sharded_sampler as sampler_module
 from mmdata_plugin.sample_order import sample_order_of
 
 # Empty shards too: a tar shard may hold no sample with the members asked.
@@ -31,25 +35,9 @@ class Shards:
         return self.sizes
 
 
-@pytest.fixture(params=[3, 1 << 20], ids=['tiny_blocks', 'one_block'])
-def block(request, monkeypatch):
-    """Run each test with blocks of 3 positions too (block seams)."""
-    monkeypatch.setattr(sampler_module, '_BLOCK', request.param)
-
-
 def _ranks(world_size, monkeypatch, sizes=SIZES, **kwargs):
-    samplers = []
-    for rank in range(world_size):
-        monkeypatch.setattr(sampler_module, 'get_dist_info',
-                            lambda rank=rank: (rank, world_size))
-        samplers.append(ShardWindowSampler(Shards(sizes), **kwargs))
-    return samplers
-
-
-def _epoch(samplers, epoch):
-    for sampler in samplers:
-        sampler.set_epoch(epoch)
-    return [list(sampler) for sampler in samplers]
+    return simulated_ranks(ShardWindowSampler, Shards(sizes), world_size,
+                           monkeypatch, **kwargs)
 
 
 def _stream(epoch, monkeypatch, sizes=SIZES, **kwargs):
@@ -183,19 +171,8 @@ def test_fast_forward_continues_the_epoch_across_world_sizes(
         block, monkeypatch, old_world, new_world):
     stream = _stream(4, monkeypatch, seed=9)
     consumed = 6 * old_world  # e.g. 3 iterations x batch 2 x old ranks
-    resumed = _ranks(new_world, monkeypatch, seed=9)
-    for sampler in resumed:
-        sampler.set_epoch(4)
-        sampler.fast_forward(consumed)
-    per_rank = [list(sampler) for sampler in resumed]
-    assert len({len(ids) for ids in per_rank}) == 1
-    for rank, ids in enumerate(per_rank):
-        assert ids == [
-            stream[(consumed + rank + k * new_world) % len(stream)]
-            for k in range(len(ids))
-        ]
-    assert set(stream[:consumed]) | set(itertools.chain(*per_rank)) == set(
-        stream)
+    check_fast_forward(_ranks(new_world, monkeypatch, seed=9), stream, 4,
+                       consumed)
 
 
 def test_a_seed_set_after_build_takes_effect(monkeypatch):
