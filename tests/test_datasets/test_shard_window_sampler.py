@@ -106,14 +106,18 @@ def test_each_window_is_shuffled_its_own_way(monkeypatch):
 def test_shards_and_windows_are_reshuffled_by_seed_and_epoch(monkeypatch):
     shard_of = _shard_of(SIZES)
 
-    def visits(stream):
+    def shard_order(epoch, seed):
+        # One shard per window: the shards in the order they are read.
+        stream = _stream(epoch, monkeypatch, seed=seed, window_shards=1)
         return list(dict.fromkeys(shard_of[stream].tolist()))
 
-    first = _stream(1, monkeypatch, seed=3)
-    assert first == _stream(1, monkeypatch, seed=3)
-    for other in (_stream(2, monkeypatch, seed=3),
-                  _stream(1, monkeypatch, seed=4)):
-        assert visits(other) != visits(first)
+    def window_order(epoch, seed):
+        # One shard, one window: the order inside a window alone.
+        return _stream(epoch, monkeypatch, [50], seed=seed)
+
+    for order in (shard_order, window_order):
+        assert order(1, 3) == order(1, 3)
+        assert order(2, 3) != order(1, 3) != order(1, 4)
 
 
 def test_shuffle_false_is_the_natural_order(monkeypatch):
