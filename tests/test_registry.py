@@ -46,6 +46,7 @@ def _builders(demo_root, tmp_path):
 
     import torch
 
+    from mmdata_plugin.datasets import TarShardDataset
     from mmdata_plugin.datasets.tar_shard_writer import pack_image_list
 
     # Packed apart from the shared demo set, which other tests read.
@@ -53,6 +54,7 @@ def _builders(demo_root, tmp_path):
     pack_image_list(
         osp.join(demo_root, 'val.txt'), demo_root,
         osp.join(tar_root, 'tar'), 'val', samples_per_shard=16)
+    tar_cfg = dict(data_root=tar_root, shards='tar/val-*.tar', ann_ext='cls')
     return {
         ('MODELS', 'TinyCNNClassifier'): (dict(num_classes=3), {}),
         ('DATASETS', 'ImageListDataset'):
@@ -60,8 +62,7 @@ def _builders(demo_root, tmp_path):
         ('DATASETS', 'RankShardedDataset'):
         (dict(data_root=demo_root, ann_file='val.txt'), {}),
         ('DATASETS', 'TarShardDataset'):
-        (dict(data_root=tar_root, shards='tar/val-*.tar', ann_ext='cls'),
-         {}),
+        (tar_cfg, {}),
         ('DATA_SAMPLERS', 'RankShardedSampler'):
         (dict(mini_epochs=2), dict(dataset=range(8), seed=0)),
         ('DATA_SAMPLERS', 'RankShardedInfiniteSampler'):
@@ -69,6 +70,9 @@ def _builders(demo_root, tmp_path):
         ('DATA_SAMPLERS', 'GrowingWindowSampler'):
         (dict(initial=2, growth=2, capacity=4), dict(dataset=range(8),
                                                      seed=0)),
+        ('DATA_SAMPLERS', 'ShardWindowSampler'):
+        (dict(window_shards=2), dict(dataset=TarShardDataset(**tar_cfg),
+                                     seed=0)),
         ('TRANSFORMS', 'RandomImageCrop'): (dict(crop_size=8), {}),
         ('TRANSFORMS', 'PackImageLabelInputs'): (dict(), {}),
         ('TRANSFORMS', 'LoadNumpyFromFile'):

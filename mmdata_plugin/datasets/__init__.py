@@ -9,6 +9,7 @@ from .rank_sharded_dataset import RankShardedDataset
 from .rank_sharded_sampler import (RankShardedInfiniteSampler,
                                    RankShardedSampler)
 from .sample_seeded_dataset import SampleSeededDataset
+from .shard_window_sampler import ShardWindowSampler
 from .tar_shard_dataset import TarShardDataset, expand_shards
 from .tar_shard_index import (TarShardIndex, build_tar_shard_index,
                               default_tar_index_path, ensure_tar_shard_index)
@@ -21,6 +22,7 @@ __all__ = [
     'build_line_index',
     'default_index_path', 'ensure_line_index', 'RankShardedDataset',
     'RankShardedSampler', 'RankShardedInfiniteSampler', 'SampleSeededDataset',
+    'ShardWindowSampler',
     'TarShardDataset', 'expand_shards', 'TarShardIndex',
     'build_tar_shard_index', 'default_tar_index_path',
     'ensure_tar_shard_index', 'TarShardError'

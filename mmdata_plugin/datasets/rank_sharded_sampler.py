@@ -110,20 +110,21 @@ class _RankStream(Sampler):
         return self._permutation(perm_epoch).inverse(ids)
 
     def _permutation(self, perm_epoch: int) -> IndexPermutation:
+        return self._of_pass(
+            self._permutations, perm_epoch, lambda: IndexPermutation(
+                self.size, self.seed, perm_epoch, self.rounds))
+
+    def _of_pass(self, cache: dict, perm_epoch: int, build: Callable):
+        """``build()``'s value for pass ``perm_epoch``, held in ``cache``
+        with the pass before's only."""
         # Keyed by the seed too: a resume may re-apply a checkpoint's seed.
         key = (self.seed, perm_epoch)
-        permutation = self._permutations.get(key)
-        if permutation is None:
+        if key not in cache:
             # Two passes can be live at a pass boundary; keep just those.
-            self._permutations = {
-                k: p
-                for k, p in self._permutations.items()
-                if k == (self.seed, perm_epoch - 1)
-            }
-            permutation = IndexPermutation(self.size, self.seed, perm_epoch,
-                                           self.rounds)
-            self._permutations[key] = permutation
-        return permutation
+            for old in [k for k in cache if k != (self.seed, perm_epoch - 1)]:
+                del cache[old]
+            cache[key] = build()
+        return cache[key]
 
     def _yield_ids(self, count: int,
                    id_block: Callable[[int, int], np.ndarray]) -> Iterator:

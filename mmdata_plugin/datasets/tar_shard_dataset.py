@@ -5,6 +5,7 @@ import os.path as osp
 import re
 from typing import List, Optional, Sequence, Union
 
+import numpy as np
 from mmengine.dataset import BaseDataset
 from mmengine.fileio import join_path
 from mmengine.registry import DATASETS
@@ -179,6 +180,14 @@ class TarShardDataset(BaseDataset):
         if not dataset_initialized(self):
             self.full_init()
         return self._index.num_samples
+
+    def shard_sizes(self) -> np.ndarray:
+        """Samples per shard in the order of the indices: shard 0 holds
+        samples ``0 .. sizes[0] - 1``, and so on (``ShardWindowSampler``
+        reads whole shards from it)."""
+        if not dataset_initialized(self):
+            self.full_init()
+        return self._index.shard_sizes()
 
     def get_data_info(self, idx: int) -> dict:
         """The data info of sample ``idx`` (an int or a ``SampleIndex``)."""

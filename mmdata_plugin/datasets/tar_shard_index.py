@@ -177,6 +177,12 @@ class TarShardIndex:
         record = self.records[sample]
         return self.shards[self._shard_number(record, sample)]['url']
 
+    def shard_sizes(self) -> np.ndarray:
+        """Samples per shard, in shard order (int64; from the header, so
+        O(shards) whatever the number of samples)."""
+        return np.array([shard['samples'] for shard in self.shards],
+                        np.int64)
+
     def _shard_number(self, record, sample: int) -> int:
         shard = int(record['shard'])
         if not 0 <= shard < len(self.shards):

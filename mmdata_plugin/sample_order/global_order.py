@@ -74,9 +74,9 @@ class SampleOrder(abc.ABC):
 
 
 class RankShardedOrder(SampleOrder):
-    """Order of ``RankShardedSampler``, ``RankShardedInfiniteSampler`` and
-    ``GrowingWindowSampler`` (epochs of different lengths, asked of the
-    sampler's ``epoch_total_size``)."""
+    """Order of ``RankShardedSampler``, ``RankShardedInfiniteSampler``,
+    ``ShardWindowSampler`` and ``GrowingWindowSampler`` (epochs of
+    different lengths, asked of the sampler's ``epoch_total_size``)."""
 
     def __init__(self, sampler) -> None:
         self.sampler = sampler

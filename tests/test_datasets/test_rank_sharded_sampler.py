@@ -18,11 +18,14 @@ def block(request, monkeypatch):
 
 
 def _ranks(cls, n, world_size, monkeypatch, **kwargs):
+    """``cls`` on each simulated rank, over ``range(n)`` (``n`` an int) or
+    the dataset ``n``."""
+    dataset = range(n) if isinstance(n, int) else n
     samplers = []
     for rank in range(world_size):
         monkeypatch.setattr(sampler_module, 'get_dist_info',
                             lambda rank=rank: (rank, world_size))
-        samplers.append(cls(range(n), **kwargs))
+        samplers.append(cls(dataset, **kwargs))
     return samplers
 
 

@@ -1,5 +1,6 @@
 """TarShardDataset: the usual pipeline, samplers, workers and train.py."""
 import io
+import itertools
 import json
 import os.path as osp
 import tarfile
@@ -12,8 +13,8 @@ from helpers import REPO_ROOT, TRAIN_SCRIPT, quick_cfg_options
 from mmengine.dataset import DefaultSampler
 from torch.utils.data import DataLoader
 
-from mmdata_plugin.datasets import (RankShardedSampler, TarShardDataset,
-                                    expand_shards)
+from mmdata_plugin.datasets import (RankShardedSampler, ShardWindowSampler,
+                                    TarShardDataset, expand_shards)
 from mmdata_plugin.datasets.annotation_lines import AnnotationFormatError
 from mmdata_plugin.datasets.tar_shard_writer import pack_image_list
 from mmdata_plugin.testing import LoopbackHTTPServer, run_script
@@ -202,3 +203,17 @@ def test_demo_config_trains_on_tar_shards(demo_root, train_env, tmp_path):
     assert 'Indexed 4 tar shards: 64 samples' in out
     assert 'Saving checkpoint at 4 iterations' in out
     assert 'cls/top1' in out
+
+
+def test_shard_sizes_give_the_shard_of_every_index(tmp_path):
+    counts = [2, 5, 3]
+    for shard, count in enumerate(counts):
+        write_shard(str(tmp_path / f'train-{shard:06d}.tar'),
+                    image_samples(shard, count))
+    dataset = make_dataset(tmp_path)
+    assert dataset.shard_sizes().tolist() == counts
+    # One shard per window: each shard is read in one run.
+    sampler = ShardWindowSampler(dataset, seed=0, window_shards=1)
+    shards = [dataset.get_data_info(i)['shard'] for i in sampler]
+    runs = [shard for shard, _ in itertools.groupby(shards)]
+    assert sorted(runs) == sorted(set(runs)) and len(runs) == 3

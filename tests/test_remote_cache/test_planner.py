@@ -9,7 +9,7 @@ from torch.utils.data import BatchSampler
 
 from mmdata_plugin.datasets import (GrowingWindowSampler,
                                     RankShardedInfiniteSampler,
-                                    RankShardedSampler)
+                                    RankShardedSampler, ShardWindowSampler)
 from mmdata_plugin.remote_cache.belady import BeladyCache, next_uses
 from mmdata_plugin.remote_cache.cache_simulator import simulate
 from mmdata_plugin.remote_cache.stream_planner import StreamPlanner
@@ -148,6 +148,20 @@ def _samplers(cls, size, world_size, **kwargs):
     return samplers
 
 
+class _Shards(list):
+    """Samples in shards of 1, 4, 0, 2, 3, 1, 4, 0, ... (the last cut)."""
+
+    def shard_sizes(self):
+        ends = np.cumsum(np.resize([1, 4, 0, 2, 3], len(self)))
+        ends = np.minimum(ends[:np.searchsorted(ends, len(self)) + 1],
+                          len(self))
+        return np.diff(ends, prepend=0)
+
+
+def _shard_window_sampler(dataset, **kwargs):
+    return ShardWindowSampler(_Shards(dataset), window_shards=2, **kwargs)
+
+
 def _rank_reads(sampler, epoch, count):
     sampler.set_epoch(epoch)
     return list(itertools.islice(iter(sampler), count))
@@ -156,6 +170,7 @@ def _rank_reads(sampler, epoch, count):
 @pytest.mark.parametrize('cls, kwargs', [
     (RankShardedSampler, dict(mini_epochs=2)),
     (RankShardedSampler, dict(round_up=False)),
+    (_shard_window_sampler, dict()),
     (DefaultSampler, dict()),
     (DefaultSampler, dict(round_up=False)),
 ])
@@ -432,6 +447,8 @@ def _next_reads_by_scan(trace, until):
     (RankShardedSampler, dict(shuffle=False)),
     (RankShardedInfiniteSampler, dict()),
     (RankShardedInfiniteSampler, dict(shuffle=False)),
+    (_shard_window_sampler, dict()),
+    (_shard_window_sampler, dict(round_up=False)),
 ])
 @pytest.mark.parametrize('size', [7, 23])
 @pytest.mark.parametrize('world_size, node', [(1, (0, 1)), (3, (0, 2)),
