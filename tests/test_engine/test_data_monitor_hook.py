@@ -401,6 +401,19 @@ def test_refreshes_are_written_beside_training_and_after_train_waits(
     assert _report(runner)['context']['iteration'] == 6
 
 
+def _saved(monkeypatch, figure) -> list:
+    """``figure(report)`` of every report the hook saves, in order."""
+    from mmdata_plugin.engine.hooks import data_monitor_hook
+    saved, save = [], data_monitor_hook.save_report
+
+    def recording_save(report, path, cache=None):
+        saved.append(figure(report))
+        save(report, path, cache)
+
+    monkeypatch.setattr(data_monitor_hook, 'save_report', recording_save)
+    return saved
+
+
 def test_refreshes_skip_intervals_shorter_than_table_min_seconds():
     hook = DataMonitorHook(table_interval=10, table_min_seconds=5)
     # 10 iterations in 1 s: the next refresh 5 intervals on.
@@ -447,14 +460,7 @@ def test_every_rank_waits_for_the_spacing_of_the_refresh_before(
         return gather(data, group=group)
 
     monkeypatch.setattr(data_monitor_hook, 'all_gather_object', slow_gather)
-    writes = []
-    save = data_monitor_hook.save_report
-
-    def kept_save(report, path, cache=None):
-        writes.append(report['context']['iteration'])
-        save(report, path, cache)
-
-    monkeypatch.setattr(data_monitor_hook, 'save_report', kept_save)
+    writes = _saved(monkeypatch, lambda report: report['context']['iteration'])
     runner = train(
         tmp_path,
         max_iters=8,
@@ -477,14 +483,7 @@ def test_refreshes_reuse_the_head_cache_figures_the_final_report_reads_them(
 
     monkeypatch.setattr(data_monitor_hook, 'read_head_cache',
                         read_head_cache)
-    saves = []
-    save = data_monitor_hook.save_report
-
-    def kept_save(report, path, cache=None):
-        saves.append(report['head_cache']['hits'])
-        save(report, path, cache)
-
-    monkeypatch.setattr(data_monitor_hook, 'save_report', kept_save)
+    saves = _saved(monkeypatch, lambda report: report['head_cache']['hits'])
     runner = train(
         tmp_path,
         max_iters=6,
