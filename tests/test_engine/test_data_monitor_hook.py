@@ -430,12 +430,15 @@ def test_refreshes_skip_intervals_shorter_than_table_min_seconds():
     assert every_interval._next_table == 20
 
 
-def test_a_resumed_run_spaces_its_first_refresh_from_where_it_resumed():
+def test_a_resumed_run_spaces_its_first_refresh_from_where_it_resumed(
+        tmp_path):
     import logging
     loader = DataLoader(list(range(8)), batch_size=2)
-    runner = _stand_in_runner(loader, logging.getLogger('dm_resumed_test'))
+    runner = _stand_in_runner(loader, logging.getLogger('dm_resumed_test'),
+                              tmp_path)
     runner.iter = 1000
-    hook = DataMonitorHook(table_interval=10, table_min_seconds=5)
+    hook = DataMonitorHook(table_interval=10, table_min_seconds=5,
+                           plot=False)
     hook.before_train(runner)
     try:
         # 100 iterations (not 1,100) in 1 s: 50 intervals on (not 550).
@@ -470,6 +473,63 @@ def test_every_rank_waits_for_the_spacing_of_the_refresh_before(
     assert _report(runner)['context']['iteration'] == 8
 
 
+def test_refreshes_are_spaced_by_rank_0s_clock(tmp_path, monkeypatch):
+    """Every rank spaces its refreshes from the gathered rank 0's seconds,
+    not its own: here rank 0's (this process's, scaled) say each interval
+    took hours, so no interval is skipped although this clock's say
+    milliseconds."""
+    from mmdata_plugin.engine.hooks import data_monitor_hook
+    gather = data_monitor_hook.all_gather_object
+
+    def slow_rank_0(data, group=None):
+        return [dict(g, elapsed=g['elapsed'] * 1e7)
+                for g in gather(data, group=group)]
+
+    monkeypatch.setattr(data_monitor_hook, 'all_gather_object', slow_rank_0)
+    writes = _saved(monkeypatch, lambda report: report['context']['iteration'])
+    train(tmp_path,
+          max_iters=6,
+          num_workers=0,
+          hook=dict(table_interval=2, table_min_seconds=5))
+    assert writes == [1, 3, 5, 6]
+
+
+def test_a_refresh_whose_figures_fail_still_joins_the_gather(
+        tmp_path, monkeypatch):
+    """Its rank still gathers (its peers are in that gather) and spaces
+    the next refresh as they do; the failure is named in the log."""
+    from mmdata_plugin.engine.hooks import data_monitor_hook
+    gathers = []
+    gather = data_monitor_hook.all_gather_object
+
+    def counted(data, group=None):
+        gathers.append(sorted(data))
+        return gather(data, group=group)
+
+    monkeypatch.setattr(data_monitor_hook, 'all_gather_object', counted)
+    snapshot = DataMonitorHook._snapshot
+
+    def failing_first(self, runner, with_window=False):
+        made = snapshot(self, runner, with_window)
+        if with_window and runner.iter == 1:
+            made['window'] = lambda: 1 / 0
+        return made
+
+    monkeypatch.setattr(DataMonitorHook, '_snapshot', failing_first)
+    writes = _saved(monkeypatch, lambda report: report['context']['iteration'])
+    runner = train(
+        tmp_path,
+        max_iters=6,
+        num_workers=0,
+        hook=dict(table_interval=2, table_min_seconds=0))
+    assert gathers[0] == ['elapsed', 'error']
+    assert len(gathers) == 4  # three refreshes and the final report
+    assert writes == [3, 5, 6]
+    log = open(osp.join(runner.log_dir, f'{runner.timestamp}.log')).read()
+    assert "the figures of rank(s) 0 (ZeroDivisionError('division by zero'))" \
+        ' failed' in log
+
+
 def test_refreshes_reuse_the_head_cache_figures_the_final_report_reads_them(
         tmp_path, monkeypatch):
     from mmdata_plugin.engine.hooks import data_monitor_hook
@@ -496,13 +556,14 @@ def test_refreshes_reuse_the_head_cache_figures_the_final_report_reads_them(
     assert _report(runner)['head_cache']['hits'] == 2
 
 
-def _stand_in_runner(loader, logger):
+def _stand_in_runner(loader, logger, log_dir):
     """What before_train and the steps read of a Runner."""
     from types import SimpleNamespace
 
     from mmengine.logging import MessageHub
     return SimpleNamespace(
-        iter=0, max_iters=100, logger=logger, log_dir='unused', cfg=Config(),
+        iter=0, max_iters=100, logger=logger, log_dir=str(log_dir),
+        cfg=Config(),
         hooks=[], model=SimpleNamespace(),
         message_hub=MessageHub.get_instance('dm_blind_test'),
         visualizer=SimpleNamespace(add_scalars=lambda *a, **k: None),
@@ -512,11 +573,11 @@ def _stand_in_runner(loader, logger):
 
 @pytest.mark.parametrize('counted_first', [False, True])
 def test_a_loop_that_bypasses_the_monitored_iterator_is_warned_once(
-        counted_first, caplog):
+        counted_first, caplog, tmp_path):
     import logging
     logger = logging.getLogger('dm_blind_test')
     loader = DataLoader(list(range(64)), batch_size=2)
-    runner = _stand_in_runner(loader, logger)
+    runner = _stand_in_runner(loader, logger, tmp_path)
     hook = DataMonitorHook(warmup_iters=0, settle_iters=0, table_interval=0,
                            plot=False)
     hook.before_train(runner)

@@ -62,12 +62,13 @@ class DataMonitorHook(Hook):
     The tables and the JSON file of ``table_interval`` are made on a
     thread of their own: the training thread only copies the figures
     (well under a millisecond), and waits only when two refreshes are
-    already pending. With fast steps they come at most every
+    already pending. With fast steps they are spaced to about
     ``table_min_seconds``: a refresh costs a few milliseconds, which
     every ``table_interval`` iterations of 10 ms steps would be several
-    microseconds per sample for a table nobody reads every second. Files are replaced atomically: a run that is killed
-    leaves the last complete report; a single process that ends on an
-    error finishes the pending refreshes first (for up to 10 s).
+    microseconds per sample for a table nobody reads every second. Files
+    are replaced atomically: a run that is killed leaves the last
+    complete report; a single process that ends on an error finishes the
+    pending refreshes first (for up to 10 s).
     Warm-up steps and steps right after a restart of the loader, a
     validation or a checkpoint save are not counted. With several ranks the
     figures of all ranks are gathered and the worst rank is judged.
@@ -77,10 +78,13 @@ class DataMonitorHook(Hook):
             (sent to the visualizer). Defaults to 50.
         table_interval (int): Log a per-worker table (and refresh the JSON
             file) every this many iterations; 0 disables. Defaults to 500.
-        table_min_seconds (float): Seconds between two refreshes at least:
-            when ``table_interval`` iterations take less, refreshes skip
-            whole intervals (judged on rank 0's clock, so that every rank
-            refreshes at the same iterations). 0: every
+        table_min_seconds (float): Seconds aimed at between two
+            refreshes: when the last ``table_interval`` iterations took
+            less, the next refresh skips as many whole intervals as that
+            rate says make this time (judged on rank 0's clock, so that
+            every rank refreshes at the same iterations; a forecast, so a
+            span slowed by a validation can bring the next one sooner). The
+            first refresh comes at ``table_interval``. 0: every
             ``table_interval`` iterations. Defaults to 10.
         warmup_iters (int): Steps not counted at the start. Defaults to 10.
         settle_iters (int, optional): Steps not counted after a restart,
@@ -110,11 +114,11 @@ class DataMonitorHook(Hook):
                  out_dir: Optional[str] = None,
                  plot: bool = True,
                  sample_every: Optional[int] = None) -> None:
-        if (interval < 1 or table_interval < 0 or table_min_seconds < 0
-                or warmup_iters < 0):
+        if (interval < 1 or table_interval < 0
+                or not 0 <= table_min_seconds < math.inf or warmup_iters < 0):
             raise ValueError(
                 'DataMonitorHook needs interval >= 1, table_interval >= 0, '
-                'table_min_seconds >= 0 and warmup_iters >= 0, got '
+                'a finite table_min_seconds >= 0 and warmup_iters >= 0, got '
                 f'interval={interval}, table_interval={table_interval}, '
                 f'table_min_seconds={table_min_seconds}, '
                 f'warmup_iters={warmup_iters}')
@@ -191,6 +195,8 @@ class DataMonitorHook(Hook):
         # the iterations from there.
         self._started = time.monotonic()
         self._last_table = (0.0, runner.iter - 1)
+        self._next_table = self.table_interval
+        self._submitted = self._spaced = 0
         self._time_preprocessor(runner)
         pipelines = self.monitor.instrumentation.pipelines
         # RayDataNodesHook: the actors make the batches (their stages are
@@ -202,7 +208,8 @@ class DataMonitorHook(Hook):
                   f'transform(s) in {len(pipelines)} pipeline(s)')
         runner.logger.info(
             f'DataMonitorHook: timing {timing}; report every '
-            f'{self.table_interval or "-"} iterations and at the end.')
+            f'{self.table_interval or "-"} iterations (spaced to about '
+            f'{self.table_min_seconds:g} s) and at the end.')
 
     def _time_preprocessor(self, runner) -> None:
         """Count the data preprocessor's host time as the training
@@ -440,15 +447,25 @@ class DataMonitorHook(Hook):
         A collective: every rank calls it for the same iteration.
         """
         rank = get_rank()
-        mine = dict(
-            total=dict(snapshot['total'](), rank=rank),
-            elapsed=snapshot['elapsed'])
-        if snapshot['window'] is not None:
-            mine['window'] = dict(snapshot['window'](), rank=rank)
+        mine = dict(elapsed=snapshot['elapsed'])
+        try:
+            mine['total'] = dict(snapshot['total'](), rank=rank)
+            if snapshot['window'] is not None:
+                mine['window'] = dict(snapshot['window'](), rank=rank)
+        except Exception as error:
+            # Still gathered, and the refreshes still spaced: a rank that
+            # left the collective alone would pair its next gather with
+            # its peers' last one.
+            mine = dict(elapsed=snapshot['elapsed'], error=repr(error))
         gathered = all_gather_object(mine, group=self._group)
         if snapshot['window'] is not None:  # a refresh
             self._space_refreshes(snapshot['iteration'],
                                   gathered[0]['elapsed'])
+        failed = [(r, g['error']) for r, g in enumerate(gathered)
+                  if 'error' in g]
+        if failed:
+            raise RuntimeError('the figures of rank(s) ' + ', '.join(
+                f'{r} ({error})' for r, error in failed) + ' failed')
         report = build_report([g['total'] for g in gathered],
                               world_size=get_world_size(),
                               iteration=snapshot['iteration'],
