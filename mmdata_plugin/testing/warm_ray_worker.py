@@ -31,6 +31,17 @@ def _default_worker() -> str:
     return osp.join(ray_dir, '_private', 'workers', 'default_worker.py')
 
 
+def _startup_output() -> str:
+    """Where this process's stderr goes (the raylet's log file), for the
+    fork's: a cold worker writes what fails before it redirects its own
+    output (imports, arguments, connecting) there."""
+    try:
+        path = os.readlink('/proc/self/fd/2')
+    except OSError:
+        return os.devnull
+    return path if osp.isabs(path) and osp.isfile(path) else os.devnull
+
+
 def main() -> None:
     worker, args = _default_worker(), sys.argv[1:]
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -39,11 +50,12 @@ def main() -> None:
     except (KeyError, OSError):
         conn.close()
         os.execv(sys.executable, [sys.executable, worker, *args])
-    # warm_python's protocol: one JSON line each way per message. The
-    # worker writes its own log files (Ray redirects its output).
+    # warm_python's protocol: one JSON line each way per message. Once
+    # connected the worker writes its own log files; before, the raylet's
+    # (appended to, as a cold worker's stderr is).
     conn.sendall(json.dumps(dict(
         script=worker, args=args, env=dict(os.environ), cwd=os.getcwd(),
-        output=os.devnull)).encode() + b'\n')
+        output=_startup_output())).encode() + b'\n')
     with conn, conn.makefile('r') as stream:
         stream.readline()  # its pid
         end = stream.readline()
