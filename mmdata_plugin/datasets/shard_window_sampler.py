@@ -19,7 +19,7 @@ from typing import NamedTuple, Optional, Sized
 import numpy as np
 from mmengine.registry import DATA_SAMPLERS
 
-from ..sample_order.index_permutation import IndexPermutation
+from ..sample_order.index_permutation import IndexPermutation, permute_each
 from ..utils.seeding import mix_seed
 from .rank_sharded_sampler import RankShardedSampler
 
@@ -109,12 +109,16 @@ class ShardWindowSampler(RankShardedSampler):
         return _EpochLayout(shard_order, shard_of_slot, slot_starts,
                             window_starts)
 
-    def _window_permutation(self, perm_epoch: int, layout: _EpochLayout,
-                            window: int) -> IndexPermutation:
-        length = int(layout.window_starts[window + 1] -
-                     layout.window_starts[window])
-        return IndexPermutation(length, mix_seed(self.seed, perm_epoch),
-                                window, self.rounds)
+    def _in_windows(self, perm_epoch: int, layout: _EpochLayout,
+                    windows: np.ndarray, offsets: np.ndarray,
+                    inverse: bool) -> np.ndarray:
+        """Each window's permutation (its inverse) of the ``offsets`` in
+        it, all windows in one pass."""
+        lengths = (layout.window_starts[windows + 1] -
+                   layout.window_starts[windows])
+        return permute_each(offsets, lengths,
+                            mix_seed(self.seed, perm_epoch), windows,
+                            self.rounds, inverse)
 
     def _ids(self, perm_epoch: int, positions: np.ndarray) -> np.ndarray:
         """Sample ids at ``positions`` of pass ``perm_epoch``."""
@@ -123,13 +127,10 @@ class ShardWindowSampler(RankShardedSampler):
             return positions
         layout = self._layout(perm_epoch)
         windows = np.searchsorted(layout.window_starts, positions, 'right') - 1
+        starts = layout.window_starts[windows]
         # `drawn`: the position, in slot order, of the sample read there.
-        drawn = np.empty_like(positions)
-        for window in np.unique(windows).tolist():
-            inside = windows == window
-            start = layout.window_starts[window]
-            drawn[inside] = start + self._window_permutation(
-                perm_epoch, layout, window)(positions[inside] - start)
+        drawn = starts + self._in_windows(perm_epoch, layout, windows,
+                                          positions - starts, False)
         slots = np.searchsorted(layout.slot_starts, drawn, 'right') - 1
         shards = layout.shard_of_slot[slots]
         return self._shard_starts[shards] + drawn - layout.slot_starts[slots]
@@ -145,10 +146,6 @@ class ShardWindowSampler(RankShardedSampler):
         slots = layout.shard_order.inverse(shards)
         drawn = layout.slot_starts[slots] + ids - self._shard_starts[shards]
         windows = slots // self.window_shards
-        positions = np.empty_like(ids)
-        for window in np.unique(windows).tolist():
-            inside = windows == window
-            start = layout.window_starts[window]
-            positions[inside] = start + self._window_permutation(
-                perm_epoch, layout, window).inverse(drawn[inside] - start)
-        return positions
+        starts = layout.window_starts[windows]
+        return starts + self._in_windows(perm_epoch, layout, windows,
+                                         drawn - starts, True)

@@ -2,6 +2,7 @@ import numpy as np
 import pytest
 
 from mmdata_plugin.sample_order import IndexPermutation
+from mmdata_plugin.sample_order.index_permutation import permute_each
 
 
 @pytest.mark.parametrize('n', [0, 1, 2, 3, 4, 5, 17, 1000, 65537, 123457])
@@ -125,3 +126,27 @@ def test_chi_square_through_dataset_and_sampler(tmp_path, monkeypatch):
         interleaved = np.stack(per_rank, axis=1).reshape(-1)
         stats = _rank_chi2s(interleaved, labels, world_size, classes)
         assert all(low < stat < high for stat in stats), stats
+
+
+def test_the_orders_of_earlier_versions_are_kept():
+    """A checkpoint resumes onto the order it was written under: these
+    ids were given by the implementation before permute_each."""
+    assert IndexPermutation(1000, 7, 3)(np.arange(8)).tolist() == [
+        686, 397, 904, 252, 830, 378, 846, 131
+    ]
+    assert IndexPermutation(10**9 + 7, 2**40 + 1, 12)(
+        np.arange(4)).tolist() == [205048579, 381422011, 715012053, 5703224]
+
+
+def test_permute_each_is_each_permutation_in_one_pass():
+    rng = np.random.default_rng(0)
+    sizes = np.concatenate(([1, 2, 3], rng.integers(1, 5000, 297)))
+    epochs = rng.integers(0, 10**6, sizes.size)
+    values = (rng.random(sizes.size) * sizes).astype(np.int64)
+    ids = permute_each(values, sizes, 77, epochs)
+    assert ids.tolist() == [
+        int(IndexPermutation(int(n), 77, int(epoch))(np.array([value]))[0])
+        for value, n, epoch in zip(values, sizes, epochs)
+    ]
+    assert (permute_each(ids, sizes, 77, epochs, inverse=True) ==
+            values).all()
