@@ -52,10 +52,12 @@ def main() -> None:
         os.execv(sys.executable, [sys.executable, worker, *args])
     # warm_python's protocol: one JSON line each way per message. Once
     # connected the worker writes its own log files; before, the raylet's
-    # (appended to, as a cold worker's stderr is).
+    # (appended to, as a cold worker's stderr is). A session of its own:
+    # the raylet kills a worker's whole process group when it exits, and
+    # the warm interpreter's group is the test process's.
     conn.sendall(json.dumps(dict(
         script=worker, args=args, env=dict(os.environ), cwd=os.getcwd(),
-        output=_startup_output())).encode() + b'\n')
+        output=_startup_output(), new_session=True)).encode() + b'\n')
     with conn, conn.makefile('r') as stream:
         stream.readline()  # its pid
         end = stream.readline()
