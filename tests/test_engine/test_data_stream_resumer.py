@@ -464,6 +464,22 @@ def test_replayed_samplers_keep_their_own_order():
             for epoch, batch in got] == expected
 
 
+def test_replayed_batch_samplers_keep_their_own_batches():
+    """The same for a batch sampler we cannot see into, replayed batch by
+    batch: a read from the start gives its own batches (a batch dropped
+    from every pass, the resumed and the reference read alike, passed
+    the resume test above)."""
+    loader = make_loader('default', bucketed=True)
+    got, _, _ = read(loader, 4)
+    # A bucket sampler of its own over the loader's sampler (seeded by the
+    # resumer): the loader's is read through the resumer's replay.
+    sampler = loader.batch_sampler.sampler
+    sampler.set_epoch(0)
+    expected = list(
+        itertools.islice(iter(ParityBucketBatchSampler(sampler, BATCH)), 4))
+    assert [[index for index, _ in batch] for _, batch in got] == expected
+
+
 def under_torch_seed(seed, make):
     """``make()`` with torch's global generator seeded ``seed`` first, as
     other main-process work leaves it in another state in each run."""
