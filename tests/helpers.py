@@ -1,6 +1,10 @@
 """Constants and small helpers shared by the tests (fixtures: conftest.py)."""
 import importlib.util
+import os
 import os.path as osp
+import time
+
+from mmdata_plugin.cache.head_sources import PRODUCING_SECONDS
 
 REPO_ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 DEMO_CONFIG = osp.join(REPO_ROOT, 'configs', 'demo', 'tinycnn_demo-jpeg.py')
@@ -27,3 +31,11 @@ def load_tool(name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def age_head_link(sources, source: str, seconds: float = None) -> None:
+    """Make a ``HeadSources`` link look recorded ``seconds`` ago (past
+    the while a link to an entry not on disk yet counts, by default)."""
+    then = time.time() - (PRODUCING_SECONDS + 1 if seconds is None else
+                          seconds)
+    os.utime(sources.link_path(source), (then, then), follow_symlinks=False)

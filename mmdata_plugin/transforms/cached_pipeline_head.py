@@ -14,6 +14,7 @@ from mmengine.registry import TRANSFORMS
 
 from ..cache.head_entry_format import (CODECS, decode_head_entry,
                                        encode_head_entry)
+from ..cache.head_sources import HeadSources
 from ..cache.node_store import NodeStore, default_cache_dir
 from .decode_target import transform_type
 
@@ -210,6 +211,15 @@ class CachedPipelineHead(BaseTransform):
         # the store's counters are the node's since it was created; a run
         # reports its own (see counters())
         self._counts_at_build = self.store.counters(NAMESPACE)
+        self.sources: Optional[HeadSources] = None
+
+    def record_sources(self) -> HeadSources:
+        """From now on, link each source path to the entry that serves it,
+        so that a node cache prefetcher does not download the files this
+        head serves (:mod:`~mmdata_plugin.cache.head_sources`); the links.
+        Call before the DataLoader workers start (they get a copy)."""
+        self.sources = HeadSources(self.store.cache_dir, self.fingerprint)
+        return self.sources
 
     # -- keys ---------------------------------------------------------------
 
@@ -257,7 +267,9 @@ class CachedPipelineHead(BaseTransform):
         # below, it is replaced.
         entry = self.store.read_bytes(NAMESPACE, key, decode_head_entry)
         if entry is not None:
+            self._record_source(results['img_path'], key)
             return _apply(entry, results)
+        self._record_source(results['img_path'], key, producing=True)
         before = dict(results)
         # A transform may change an input in place (mmseg's LoadAnnotations
         # appends to seg_fields): those keys changed too.
@@ -281,6 +293,12 @@ class CachedPipelineHead(BaseTransform):
                                  self.quality, self.png_compression)
         self.store.publish_bytes(NAMESPACE, key, data)
         return results
+
+    def _record_source(self, path: str, key: str,
+                       producing: bool = False) -> None:
+        if self.sources is not None:
+            self.sources.record(path, self.store.entry_path(NAMESPACE, key),
+                                producing)
 
     def fill(self, results: dict) -> bool:
         """Store the entry of a sample if missing; True if it was produced.

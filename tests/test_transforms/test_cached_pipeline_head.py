@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from cached_head_fill import HEAD as FILL_HEAD
 from cached_head_fill import digest, run_rank
+from helpers import age_head_link as age
 from mmcv.transforms import Compose
 from mmengine.registry import TRANSFORMS
 
@@ -342,3 +343,20 @@ def test_inputs_changed_in_place_come_back_on_a_hit(tmp_path):
     miss, hit = head(info()), head(info())
     assert miss['seg_fields'] == hit['seg_fields'] == ['gt_seg_map']
     _assert_same(miss, hit)
+
+
+def test_recorded_sources_tell_which_images_the_head_serves(tmp_path):
+    paths = _write_images(tmp_path, count=2)
+    head = _head(tmp_path)
+    head(_sample(paths[0]))
+    # Links only once asked for (by RemoteCachePrefetchHook).
+    assert not os.path.exists(tmp_path / 'store' / 'head_sources')
+    sources = head.record_sources()
+    assert not sources.serves(paths[0]) and not sources.serves(paths[1])
+    head(_sample(paths[0]))  # a hit links its source
+    head(_sample(paths[1]))  # so does a stored miss
+    assert sources.serves(paths[0]) and sources.serves(paths[1])
+    key = head.sample_key(_sample(paths[1]))
+    os.unlink(head.store.entry_path(NAMESPACE, key))  # evicted
+    age(sources, paths[1])  # (a link just made counts while produced)
+    assert not sources.serves(paths[1]) and sources.serves(paths[0])
