@@ -1,22 +1,32 @@
-"""Which transforms of a pipeline read through the node cache, and how to
-route them there."""
-from typing import List, Optional, Sequence, Union
+"""Which transforms of a pipeline read through the node cache, how to
+route them there, and which files a sample reads."""
+from typing import Callable, Iterator, List, Optional, Sequence, Union
+
+#: The data-info key whose file a pipeline head's entry stands in for.
+HEAD_SOURCE_KEY = 'img_path'
 
 
-def _reading_transforms(dataset) -> List:
-    """Transforms of ``dataset``'s pipeline (nested wrappers included)
-    that read files through fileio (they have ``backend_args``)."""
-    found, pending = [], [getattr(dataset, 'pipeline', None)]
+def pipeline_transforms(dataset) -> Iterator:
+    """Transforms of ``dataset``'s pipeline in order, those nested in
+    wrappers (``transforms`` lists) included."""
+    pending = [getattr(dataset, 'pipeline', None)]
     while pending:
         item = pending.pop()
         if item is None:
             continue
-        if hasattr(item, 'backend_args'):
-            found.append(item)
+        yield item
         children = getattr(item, 'transforms', None)
         if isinstance(children, (list, tuple)):
             pending.extend(reversed(children))
-    return found
+
+
+def _reading_transforms(dataset) -> List:
+    """Transforms of ``dataset``'s pipeline that read files through fileio
+    (they have ``backend_args``)."""
+    return [
+        item for item in pipeline_transforms(dataset)
+        if hasattr(item, 'backend_args')
+    ]
 
 
 def find_node_cache_args(dataset) -> Optional[dict]:
@@ -54,24 +64,38 @@ def route_through_node_cache(dataset, cache_dir: str,
     return routed
 
 
+def _served_by_none(path: str) -> bool:
+    return False
+
+
 class SampleFiles:
     """``sample id -> files it reads``, from the dataset's data infos.
 
     Args:
         dataset: A dataset with ``get_data_info``.
         path_keys (Sequence[str]): Data-info keys that hold file paths.
+        head_serves (callable, optional): ``head_serves(path) -> bool``:
+            whether a pipeline head in front of the loading transforms
+            serves the file under ``HEAD_SOURCE_KEY`` from its own entry
+            (:meth:`~mmdata_plugin.cache.head_sources.HeadSources.serves`);
+            such a file is not read, so not listed. Default: none is.
     """
 
-    def __init__(self, dataset, path_keys: Sequence[str]) -> None:
+    def __init__(self,
+                 dataset,
+                 path_keys: Sequence[str],
+                 head_serves: Optional[Callable[[str], bool]] = None) -> None:
         self.dataset = dataset
         self.path_keys = tuple(path_keys)
+        self.head_serves = head_serves or _served_by_none
 
     def check_keys(self, where: str, probes: int = 16) -> None:
         """Raise when none of the first ``probes`` samples has a file
         under the path keys (keys that do not match the dataset would
         leave nothing to prefetch), naming the keys the samples have."""
         count = min(probes, len(self.dataset))
-        if count == 0 or any(self(sample) for sample in range(count)):
+        if count == 0 or any(
+                self.files(sample) for sample in range(count)):
             return
         keys = sorted(self.dataset.get_data_info(0))
         raise ValueError(
@@ -80,9 +104,18 @@ class SampleFiles:
             f'has the keys {keys}. Name the keys that hold the paths of '
             'the files a sample reads.')
 
+    def files(self, sample: int) -> List[str]:
+        """The files under the path keys, served by a head or not."""
+        return [path for _, path in self._paths(sample)]
+
     def __call__(self, sample: int) -> List[str]:
-        info = self.dataset.get_data_info(sample)
+        """The files a read of ``sample`` reads."""
         return [
-            info[key] for key in self.path_keys
-            if isinstance(info.get(key), str)
+            path for key, path in self._paths(sample)
+            if key != HEAD_SOURCE_KEY or not self.head_serves(path)
         ]
+
+    def _paths(self, sample: int) -> List[tuple]:
+        info = self.dataset.get_data_info(sample)
+        return [(key, info[key]) for key in self.path_keys
+                if isinstance(info.get(key), str)]

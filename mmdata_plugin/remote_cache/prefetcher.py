@@ -154,6 +154,7 @@ class NodePrefetcher:
                           if EnteringSamples.applies(stream) else None)
         self._booked_ahead = set()
         self._mean_size = float(reader.size_hint or 1 << 16)
+        self._sizes_learned = 0
         self._largest_size = 0
         if download_processes > 1:
             self._processes = ProcessDownloads(reader, download_processes,
@@ -187,9 +188,14 @@ class NodePrefetcher:
         return int(self._mean_size) if size is None else size
 
     def _learn_size(self, sample: int, size: int) -> None:
-        count = self._sizes.count
-        if self._sizes.set(sample, size):
-            self._mean_size += (size - self._mean_size) / (count + 1)
+        # The mean is over the sizes learned, not the table: samples that
+        # read no file (or whose file a pipeline head serves) are in the
+        # table with 0 bytes, and would pull the mean of what is
+        # downloaded towards 0 -- or, counted without their 0, hold it
+        # near the first guess.
+        self._sizes.set(sample, size)
+        self._sizes_learned += 1
+        self._mean_size += (size - self._mean_size) / self._sizes_learned
         self._largest_size = max(self._largest_size, size)
 
     def _download_hint(self, sample: int) -> int:
@@ -628,7 +634,9 @@ class NodePrefetcher:
             self._last_read[sample] = tick
             heapq.heappush(self._releases, (tick, sample))
             self._settle(sample)
-        download = self._download_of(sample, urls)
+        # Asked afresh: a booked sample's files stay on its books, but a
+        # pipeline head may serve one since (sample_urls leaves it out).
+        download = self._download_of(sample, self.sample_urls(sample))
         if download is not None and decision.hit:
             self.stats['refetched'] += 1
         return download

@@ -21,7 +21,6 @@ class SampleSizes:
     def __init__(self) -> None:
         self._plus_one = np.zeros(0, np.uint32)
         self._large: Dict[int, int] = {}
-        self.count = 0
 
     def get(self, sample: int) -> Optional[int]:
         """The size of ``sample``; None when not learned."""
@@ -50,7 +49,6 @@ class SampleSizes:
         else:
             self._large.pop(sample, None)
             self._plus_one[sample] = size + 1
-        self.count += new
         return new
 
     @property

@@ -65,11 +65,14 @@ def test_two_ranks_two_workers_hold_the_budget(bigger_demo, train_env,
         path: n
         for path, n in stats.downloads.items() if path.startswith('train/')
     }
-    # Two passes over 200 images: the plan keeps some for the second pass
-    # (downloaded once); repeats beyond two passes stay rare.
-    assert sum(downloads.values()) < 400 - status['planned_hits'] // 2
-    repeats = sum(n - 2 for n in downloads.values() if n > 2)
-    assert repeats <= 0.05 * sum(downloads.values())
+    # Two passes over 200 images, and the pipeline's CachedPipelineHead
+    # serves the second: the plan downloads none of what the head serves
+    # (without the head's links ~250 here, the plan keeping a part).
+    # A link can come a moment after the read it is for (the head stores
+    # after its transforms ran), so a sample read again right away may
+    # be downloaded twice, rarely.
+    assert len(downloads) == 200
+    assert sum(downloads.values()) <= 205
     assert status['planned_hits'] > 0 and status['failed'] == 0
 
 

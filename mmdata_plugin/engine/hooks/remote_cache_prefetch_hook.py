@@ -16,11 +16,13 @@ from ...cache.size_units import parse_size
 from ...remote_cache.consumption_cursors import CursorWriter
 from ...remote_cache.pipeline_routing import (SampleFiles,
                                               find_node_cache_args,
+                                              pipeline_transforms,
                                               route_through_node_cache)
 from ...remote_cache.prefetch_process import PrefetchProcess, PrefetchSpec
 from ...sample_order.epoch_walk import EpochWalk, iteration_stop
 from ...sample_order.global_order import sample_order_of
 from ...sample_order.node_stream import NodeStream
+from ...transforms.cached_pipeline_head import CachedPipelineHead
 from ...utils.torch_internals import started_iterator
 
 
@@ -140,6 +142,7 @@ class RemoteCachePrefetchHook(Hook):
         self._infinite: Optional[bool] = None
         self._node_stream: Optional[NodeStream] = None
         self._walk: Optional[EpochWalk] = None
+        self._head_serves = None
 
     # -- setup ----------------------------------------------------------------
 
@@ -193,6 +196,21 @@ class RemoteCachePrefetchHook(Hook):
         NodeStore(args['cache_dir'], args['cache_limit'])
         self._writer = CursorWriter(args['cache_dir'], rank, token[0])
         self._token = token[0]
+        self._head_serves = self._link_head_sources(self._loader)
+
+    @staticmethod
+    def _link_head_sources(loader):
+        """A ``CachedPipelineHead`` of the pipeline serves its samples' image
+        files from its entries once warm: have it link each file to its
+        entry, so that the plan skips the files it serves; what tells
+        whether it does (None without a head)."""
+        for transform in pipeline_transforms(loader.dataset):
+            if isinstance(transform, CachedPipelineHead):
+                if started_iterator(loader) is not None:
+                    # Workers hold their own copies of the head already.
+                    return None
+                return transform.record_sources().serves
+        return None
 
     def _stream(self) -> NodeStream:
         rank, world_size = get_dist_info()
@@ -249,7 +267,7 @@ class RemoteCachePrefetchHook(Hook):
         batches_ahead = workers * (loader.prefetch_factor or 2) + 2 \
             if workers else 2
         sample_urls = SampleFiles(_base_dataset(loader.dataset),
-                                  self.path_keys)
+                                  self.path_keys, self._head_serves)
         sample_urls.check_keys('RemoteCachePrefetchHook.path_keys')
         spec = PrefetchSpec(
             cache_dir=self._args['cache_dir'],
