@@ -573,30 +573,37 @@ class DataLoaderMonitor:
 
 
 def _merge_pairs(points: List[dict]) -> List[dict]:
-    """Halve a timeline by merging neighbours (weighted by steps)."""
+    """Halve a timeline by merging neighbours (weighted by steps).
+
+    It runs every few hundred points on the training thread, over the
+    whole timeline: written out per figure, without a comprehension or a
+    generator per pair (each costs a call).
+    """
     merged = []
     for first, second in zip(points[0::2], points[1::2]):
-        steps = first['steps'] + second['steps']
-        w1, w2 = first['steps'] / steps, second['steps'] / steps
-        point = {
-            key: first[key] * w1 + second[key] * w2
-            for key in ('wait', 'compute', 'worker', 'transfer')
-        }
+        steps1, steps2 = first['steps'], second['steps']
+        steps = steps1 + steps2
+        w1, w2 = steps1 / steps, steps2 / steps
         # Stage means weigh by timed batches (points of older reports have
         # no count: every batch was timed).
-        t1, t2 = (p.get('timed', p['steps']) for p in (first, second))
+        t1, t2 = first.get('timed', steps1), second.get('timed', steps2)
         timed = t1 + t2
-        keys = first['stages'].keys() | second['stages'].keys()
-        point.update(
-            step=second['step'],
-            steps=steps,
-            timed=timed,
-            stages={
-                key: (first['stages'].get(key, 0.0) * t1 +
-                      second['stages'].get(key, 0.0) * t2) / timed
-                for key in keys
-            } if timed else {})
-        merged.append(point)
+        stages1, stages2 = first['stages'], second['stages']
+        stages = {}
+        if timed:
+            for key in stages1.keys() | stages2.keys():
+                stages[key] = (stages1.get(key, 0.0) * t1 +
+                               stages2.get(key, 0.0) * t2) / timed
+        merged.append({
+            'wait': first['wait'] * w1 + second['wait'] * w2,
+            'compute': first['compute'] * w1 + second['compute'] * w2,
+            'worker': first['worker'] * w1 + second['worker'] * w2,
+            'transfer': first['transfer'] * w1 + second['transfer'] * w2,
+            'step': second['step'],
+            'steps': steps,
+            'timed': timed,
+            'stages': stages
+        })
     if len(points) % 2:
         merged.append(points[-1])
     return merged

@@ -467,6 +467,21 @@ class TimedFetch:
         self.base = base
         self.plan = plan
         self.probes = probes
+        self._find_getitems()
+
+    def _find_getitems(self) -> None:
+        # Looked up once, not per batch: on a class without it the look-up
+        # raises, and formats, an AttributeError (~2k instructions).
+        self.getitems = getattr(self.base, '__getitems__', None)
+
+    def __getstate__(self) -> dict:
+        # Looked up again where it is unpickled: whatever the class holds
+        # need not pickle.
+        return {k: v for k, v in vars(self).items() if k != 'getitems'}
+
+    def __setstate__(self, state: dict) -> None:
+        vars(self).update(state)
+        self._find_getitems()
 
     def __call__(self, indices):
         return _fetch(self, len(indices), self._fetch_batch, indices)
@@ -477,8 +492,7 @@ class TimedFetch:
         return _fetch(self, 1, self._fetch_one, index)
 
     def _fetch_batch(self, indices):
-        dataset, base = self.dataset, self.base
-        getitems = getattr(base, '__getitems__', None)
+        dataset, base, getitems = self.dataset, self.base, self.getitems
         if getitems is not None:
             return getitems(dataset, indices)
         getitem = base.__getitem__

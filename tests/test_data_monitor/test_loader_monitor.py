@@ -16,7 +16,8 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from mmdata_plugin.data_monitor import (DataLoaderMonitor, format_report,
                                         measure_dataloader, probes)
-from mmdata_plugin.data_monitor.loader_monitor import loader_context
+from mmdata_plugin.data_monitor.loader_monitor import (_merge_pairs,
+                                                       loader_context)
 from mmdata_plugin.data_monitor.worker_timing import (ACCUMULATOR,
                                                       MonitoredBatch,
                                                       TimedCollate,
@@ -77,6 +78,35 @@ def test_steps_after_starts_pauses_and_skips_are_not_counted():
     # A plain list cannot be switched to a timed class: collate only.
     assert set(monitor.summary()['stages']) == {'collate'}
     monitor.uninstall()
+
+
+def test_a_long_timeline_is_halved_by_weighted_means():
+    # Figures weigh by steps, stage means by timed batches (a point of an
+    # older report has no count: all its steps were timed); an odd point
+    # is kept as it is.
+    def point(step, steps, ms, timed=None, stages=None):
+        made = dict(step=step, steps=steps, wait=ms, compute=2 * ms,
+                    worker=3 * ms, transfer=4 * ms, stages=stages or {})
+        return made if timed is None else dict(made, timed=timed)
+
+    points = [
+        point(9, 10, 1.0, 1, dict(a=3.0)),
+        point(19, 30, 5.0, 3, dict(a=1.0, b=2.0)),
+        point(29, 10, 2.0, 0),
+        point(39, 10, 4.0, 0),
+        point(49, 2, 8.0, stages=dict(a=1.0)),
+        point(59, 2, 9.0, 1, dict(a=4.0)),
+        point(69, 5, 7.0),
+    ]
+    first, second, third, odd = _merge_pairs(points)
+    assert first == dict(step=19, steps=40, wait=4.0, compute=8.0,
+                         worker=12.0, transfer=16.0, timed=4,
+                         stages=dict(a=1.5, b=1.5))
+    assert second == dict(step=39, steps=20, wait=3.0, compute=6.0,
+                          worker=9.0, transfer=12.0, timed=0, stages={})
+    assert third['timed'] == 3 and third['stages'] == dict(a=2.0)
+    assert third['wait'] == 8.5 and third['step'] == 59
+    assert odd is points[-1]
 
 
 def test_a_benchmark_can_count_the_first_batch_of_later_epochs():
