@@ -22,6 +22,9 @@ one-process prefetcher asks the plan) that no reader has read the file
 meanwhile (:meth:`~.read_once.ReadOnceMarks.reported`) and that the plan
 has not let it go (a mark in ``planner/cancelled``); if either, it leaves
 the decision to the planner.
+
+The jobs of one coalesced request (:mod:`.coalesced_reads`) name its
+covering span and go to one process, which reads the span once for them.
 """
 import contextlib
 import math
@@ -35,6 +38,7 @@ from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
 from ..cache.node_store import CacheBudgetError, Reservation
 from ..cache.process_owner import owner_of
+from .coalesced_reads import SharedSpan
 from .node_cache_backend import NAMESPACE, DownloadNotWanted, RemoteReader
 from .read_once import ReadOnceMarks
 
@@ -73,11 +77,12 @@ class _Job:
     """A sample's download while the planner has it."""
 
     def __init__(self, job_id: int, sample: int, urls: List[str],
-                 hint: int) -> None:
+                 hint: int, cover: Optional[str]) -> None:
         self.id = job_id
         self.sample = sample
         self.urls = urls
         self.hint = hint
+        self.cover = cover
         self.started = time.perf_counter()
         self.fetched = 0
         self.total = 0
@@ -172,13 +177,15 @@ class ProcessDownloads:
 
     # -- jobs -------------------------------------------------------------
 
-    def submit(self, sample: int, urls: List[str], hint: int) -> None:
-        """Download ``sample``'s files (``hint`` bytes in all); its
-        :class:`DownloadResult` comes from a later :meth:`poll`."""
+    def submit(self, sample: int, urls: List[str], hint: int,
+               cover: Optional[str] = None) -> None:
+        """Download ``sample``'s files (``hint`` bytes in all), from the
+        request of the span ``cover`` (a ``tarmember://`` path) when given;
+        its :class:`DownloadResult` comes from a later :meth:`poll`."""
         self._next_id += 1
         self._jobs.append(
             _Job(self._next_id, sample, list(urls),
-                 hint // max(1, len(urls))))
+                 hint // max(1, len(urls)), cover))
 
     def poll(self, wanted: Callable[[int, str], bool]) -> List[DownloadResult]:
         """Book the answers of the download processes, make the room they
@@ -245,15 +252,18 @@ class ProcessDownloads:
             else:
                 job.total += size
         if again:
-            job.urls = again
+            # Alone now: its span's request would read all of it again.
+            job.urls, job.cover = again, None
             self._jobs.append(job)
         else:
             ended.append(job.result())
 
     def _hand_out(self, wanted: Callable[[int, str], bool],
                   ended: List[DownloadResult]) -> None:
-        """Send each new job to the least busy process."""
+        """Send each new job to the least busy process, the jobs of one
+        span to one process."""
         batches: Dict[int, list] = {}
+        span_workers: Dict[str, _Worker] = {}
         for job in self._jobs:
             urls = [url for url in job.urls if wanted(job.sample, url)]
             if len(urls) < len(job.urls):
@@ -261,11 +271,14 @@ class ProcessDownloads:
             if not urls:
                 ended.append(job.result())
                 continue
-            worker = min(self.workers, key=lambda w: len(w.jobs))
+            worker = span_workers.get(job.cover) or min(
+                self.workers, key=lambda w: len(w.jobs))
+            if job.cover is not None:
+                span_workers[job.cover] = worker
             worker.jobs[job.id] = job
             self._sent.update((url, job) for url in urls)
             batches.setdefault(worker.pid, []).append(
-                (job.id, urls, job.hint))
+                (job.id, urls, job.hint, job.cover))
         self._jobs = []
         for worker in self.workers:
             batch = batches.get(worker.pid)
@@ -410,7 +423,8 @@ class _PlannedReservation(Reservation):
 
 
 def _download(reader: RemoteReader, room: _PlannerRoom, url: str, hint: int,
-              marks: ReadOnceMarks) -> Optional[int]:
+              marks: ReadOnceMarks,
+              span: Optional[SharedSpan]) -> Optional[int]:
     """Bytes of ``url``'s entry, ``_GONE`` if freed already, ``_BUSY``
     (another process had it, or it may not be wanted: the planner
     decides)."""
@@ -429,7 +443,8 @@ def _download(reader: RemoteReader, room: _PlannerRoom, url: str, hint: int,
     # lock must not wait for the planner too.
     reservation = room.reserve(url, hint)
     try:
-        entry = reader.fetch_into(url, reservation, room.room_wait, wanted)
+        entry = reader.fetch_into(url, reservation, room.room_wait, wanted,
+                                  span)
     except DownloadNotWanted:
         return _BUSY
     if entry is None:
@@ -444,17 +459,48 @@ def _size(path: str) -> int:
         return _GONE
 
 
-def _run_job(reader: RemoteReader, room: _PlannerRoom, send, job_id: int,
+class _SpanTable:
+    """The shared spans of this process's jobs, by covering path: one
+    request for the jobs of a span, its bytes dropped with the last."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._spans: Dict[str, SharedSpan] = {}
+
+    def hold(self, cover: Optional[str], members: int) -> Optional[SharedSpan]:
+        if cover is None:
+            return None
+        with self._lock:
+            span = self._spans.get(cover)
+            if span is None:
+                span = self._spans[cover] = SharedSpan(cover)
+            span.hold(members)
+            return span
+
+    def release(self, span: Optional[SharedSpan], members: int) -> None:
+        if span is None:
+            return
+        with self._lock:
+            if span.release(members):
+                del self._spans[span.path]
+
+
+def _run_job(reader: RemoteReader, room: _PlannerRoom, send,
+             spans: _SpanTable, span: Optional[SharedSpan], job_id: int,
              urls: List[str], hint: int) -> None:
     marks = ReadOnceMarks(reader.store.cache_dir)
     try:
-        sizes = [_download(reader, room, url, hint, marks) for url in urls]
+        sizes = [
+            _download(reader, room, url, hint, marks, span) for url in urls
+        ]
         answer = ('ended', job_id, 'done', sizes)
     except CacheBudgetError:
         answer = ('ended', job_id, 'no_room', None)
     except Exception as error:  # the planner warns; the reader reports
         answer = ('ended', job_id, 'failed',
                   (type(error).__name__, repr(error)))
+    finally:
+        spans.release(span, len(urls))
     send(answer)
 
 
@@ -478,6 +524,7 @@ def _serve(connection: Connection, reader: RemoteReader, threads: int,
             connection.send(message)
 
     room = _PlannerRoom(send, store, room_wait)
+    spans = _SpanTable()
     pool = ThreadPoolExecutor(threads, 'node-download')
     try:
         while os.getppid() == parent:
@@ -489,8 +536,12 @@ def _serve(connection: Connection, reader: RemoteReader, threads: int,
             if message[0] == 'room':
                 room.answered(*message[1:])
                 continue
-            for job in message[1]:
-                pool.submit(_run_job, reader, room, send, *job)
+            for job_id, urls, hint, cover in message[1]:
+                # Held before any job of the span runs: the first to end
+                # must not drop the bytes the others still need.
+                span = spans.hold(cover, len(urls))
+                pool.submit(_run_job, reader, room, send, spans, span,
+                            job_id, urls, hint)
     except (EOFError, OSError):
         pass
     finally:
