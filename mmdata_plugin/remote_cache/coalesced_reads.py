@@ -9,15 +9,17 @@ one round that lie close together in the same shard version
 covering span (:class:`SharedSpan`), fetched by the first member whose
 entry is produced, and every member's entry is produced from its slice,
 each through the store's own reservation, key lock and publication, as a
-member's own GET would be.
+member's own GET would be. A group's downloads run in turn on one thread
+(:func:`in_turn`): spread over a pool, the members queued behind other
+requests would be read on demand, one GET each, by readers reaching them
+first.
 
 Verified: the covering span is a ``tarmember://`` read itself (the shard's
 size and ETag of the member paths, the span's length), and a member's
 slice must lie inside the span and have the member's length; a member that
 fails gets no entry (its reader reads it on demand).
 """
-import threading
-from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 from ..remote.errors import RemoteIOError
 from ..remote.tar_member_backend import (MemberPathError, member_path,
@@ -39,12 +41,9 @@ class CoalesceLimits(NamedTuple):
 
 class SharedSpan:
     """Bytes ``[start, end)`` of one shard version, read once for the
-    members inside them.
-
-    The prefetcher :meth:`hold`\\ s it for each download it hands out and
-    :meth:`release`\\ s it when the download ended; the bytes are dropped
-    when nothing holds it. A failed read is not repeated for the other
-    members (each raises it; their readers read on demand).
+    members inside them, by the one thread that produces their entries in
+    turn. A failed read is not repeated for the other members (each
+    raises it; their readers read on demand).
 
     Args:
         path (str): The ``tarmember://`` path of the covering span.
@@ -53,23 +52,8 @@ class SharedSpan:
     def __init__(self, path: str) -> None:
         self.path = path
         self.span = parse_member_path(path)
-        self._lock = threading.Lock()
-        self._held = 0
         self._data: Optional[bytes] = None
         self._error: Optional[BaseException] = None
-
-    def hold(self, members: int) -> None:
-        with self._lock:
-            self._held += members
-
-    def release(self, members: int) -> bool:
-        """Whether nothing holds the span any more (its bytes dropped)."""
-        with self._lock:
-            self._held -= members
-            if self._held > 0:
-                return False
-            self._data = self._error = None
-            return True
 
     def member_bytes(self, url: str, read: Callable[[str], bytes]) -> bytes:
         """The bytes of member ``url``, cut from the span, which ``read``
@@ -86,16 +70,15 @@ class SharedSpan:
                 (cover.shard, cover.size, cover.tag) or offset < 0
                 or offset + member.length > cover.length):
             raise RemoteIOError(url, f'not inside the span {self.path}')
-        with self._lock:
-            if self._data is None:
-                if self._error is not None:
-                    raise self._error
-                try:
-                    self._data = read(self.path)
-                except Exception as error:
-                    self._error = error
-                    raise
-            data = self._data
+        if self._error is not None:
+            raise self._error
+        if self._data is None:
+            try:
+                self._data = read(self.path)
+            except Exception as error:
+                self._error = error
+                raise
+        data = self._data
         piece = data[offset:offset + member.length]
         if len(piece) != member.length:
             raise RemoteIOError(
@@ -182,6 +165,25 @@ class RoundSpans:
                         member_path(shard, group.start,
                                     group.end - group.start, size, tag))
         self._open = {}
+
+
+def in_turn(items: List[Any],
+            span_of: Callable[[Any], Optional[Any]]) -> List[List[Any]]:
+    """``items`` as the lists one thread runs in turn: the items of one
+    span (``span_of(item)``, None: none) together, each other alone; in
+    their order."""
+    runs: List[List[Any]] = []
+    of_span: Dict[Any, List[Any]] = {}
+    for item in items:
+        span = span_of(item)
+        if span is None:
+            runs.append([item])
+        elif span in of_span:
+            of_span[span].append(item)
+        else:
+            of_span[span] = [item]
+            runs.append(of_span[span])
+    return runs
 
 
 def _extent(urls: List[str]) -> Optional[tuple]:

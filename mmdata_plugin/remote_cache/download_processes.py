@@ -24,7 +24,8 @@ has not let it go (a mark in ``planner/cancelled``); if either, it leaves
 the decision to the planner.
 
 The jobs of one coalesced request (:mod:`.coalesced_reads`) name its
-covering span and go to one process, which reads the span once for them.
+covering span and go to one process, which runs them in turn on one
+thread, reading the span once for them.
 """
 import contextlib
 import math
@@ -38,7 +39,7 @@ from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
 from ..cache.node_store import CacheBudgetError, Reservation
 from ..cache.process_owner import owner_of
-from .coalesced_reads import SharedSpan
+from .coalesced_reads import SharedSpan, in_turn
 from .node_cache_backend import NAMESPACE, DownloadNotWanted, RemoteReader
 from .read_once import ReadOnceMarks
 
@@ -459,35 +460,18 @@ def _size(path: str) -> int:
         return _GONE
 
 
-class _SpanTable:
-    """The shared spans of this process's jobs, by covering path: one
-    request for the jobs of a span, its bytes dropped with the last."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._spans: Dict[str, SharedSpan] = {}
-
-    def hold(self, cover: Optional[str], members: int) -> Optional[SharedSpan]:
-        if cover is None:
-            return None
-        with self._lock:
-            span = self._spans.get(cover)
-            if span is None:
-                span = self._spans[cover] = SharedSpan(cover)
-            span.hold(members)
-            return span
-
-    def release(self, span: Optional[SharedSpan], members: int) -> None:
-        if span is None:
-            return
-        with self._lock:
-            if span.release(members):
-                del self._spans[span.path]
+def _run_in_turn(reader: RemoteReader, room: _PlannerRoom, send,
+                 jobs: List[tuple]) -> None:
+    """Run ``jobs`` (of one span, or one job) on this thread."""
+    cover = jobs[0][3]
+    span = None if cover is None else SharedSpan(cover)
+    for job_id, urls, hint, _ in jobs:
+        _run_job(reader, room, send, span, job_id, urls, hint)
 
 
 def _run_job(reader: RemoteReader, room: _PlannerRoom, send,
-             spans: _SpanTable, span: Optional[SharedSpan], job_id: int,
-             urls: List[str], hint: int) -> None:
+             span: Optional[SharedSpan], job_id: int, urls: List[str],
+             hint: int) -> None:
     marks = ReadOnceMarks(reader.store.cache_dir)
     try:
         sizes = [
@@ -499,8 +483,6 @@ def _run_job(reader: RemoteReader, room: _PlannerRoom, send,
     except Exception as error:  # the planner warns; the reader reports
         answer = ('ended', job_id, 'failed',
                   (type(error).__name__, repr(error)))
-    finally:
-        spans.release(span, len(urls))
     send(answer)
 
 
@@ -524,7 +506,6 @@ def _serve(connection: Connection, reader: RemoteReader, threads: int,
             connection.send(message)
 
     room = _PlannerRoom(send, store, room_wait)
-    spans = _SpanTable()
     pool = ThreadPoolExecutor(threads, 'node-download')
     try:
         while os.getppid() == parent:
@@ -536,12 +517,8 @@ def _serve(connection: Connection, reader: RemoteReader, threads: int,
             if message[0] == 'room':
                 room.answered(*message[1:])
                 continue
-            for job_id, urls, hint, cover in message[1]:
-                # Held before any job of the span runs: the first to end
-                # must not drop the bytes the others still need.
-                span = spans.hold(cover, len(urls))
-                pool.submit(_run_job, reader, room, send, spans, span,
-                            job_id, urls, hint)
+            for jobs in in_turn(message[1], lambda job: job[3]):
+                pool.submit(_run_in_turn, reader, room, send, jobs)
     except (EOFError, OSError):
         pass
     finally:

@@ -40,7 +40,7 @@ from mmengine.logging import print_log
 
 from ..cache.node_store import CacheBudgetError
 from ..sample_order.node_stream import NodeStream
-from .coalesced_reads import CoalesceLimits, RoundSpans, SharedSpan
+from .coalesced_reads import CoalesceLimits, RoundSpans, SharedSpan, in_turn
 from .consumption_cursors import CursorReader
 from .download_processes import DownloadResult, ProcessDownloads
 from .node_cache_backend import (NAMESPACE, DownloadNotWanted, RemoteReader,
@@ -262,16 +262,16 @@ class NodePrefetcher:
         the window's ticks (read-ahead plus measured rate x latency) that
         miss, plus the margin of two samples :meth:`_decide_ahead` keeps;
         at least ``_MIN_STAGED`` samples, at most ``RESERVE_SHARE`` of the
-        limit when that holds them. Once requests coalesce tar members, at
-        least two requests' spans (one read while the next downloads: a
-        round's members are only as dense in their shards as the reserve
-        lets it decide ticks ahead), at most ``COALESCED_RESERVE_SHARE``."""
+        limit when that holds them. Once requests coalesce tar members, two
+        requests' spans more (one read while the next downloads: a round's
+        members are only as dense in their shards as the reserve lets it
+        decide ticks ahead), at most ``COALESCED_RESERVE_SHARE``."""
         mean, limit = int(self._mean_size), self.store.limit
         staged = (math.ceil(self.window() * self._miss_share) + 2) * mean
         floor = _MIN_STAGED * mean
         share = RESERVE_SHARE
         if self._coalescing():
-            staged = max(staged, 2 * self._round.limits.max_span)
+            staged += 2 * self._round.limits.max_span
             share = COALESCED_RESERVE_SHARE
         return min(max(staged, floor), max(floor, int(limit * share)))
 
@@ -571,16 +571,14 @@ class NodePrefetcher:
                 self._round.close()
             leaving = list(self._leaving)
         self._evict(leaving)
+        downloads = [(sample, urls, hint, group and group.span)
+                     for sample, urls, hint, group in downloads]
         if self._processes is None:
-            for sample, urls, hint, group in downloads:
-                span = group and group.span
-                if span is not None:
-                    span.hold(len(urls))
-                self._pool.submit(self._download, sample, urls, hint, span)
+            for run in in_turn(downloads, lambda download: download[3]):
+                self._pool.submit(self._download_in_turn, run)
             return True
-        for sample, urls, hint, group in downloads:
-            self._processes.submit(sample, urls, hint,
-                                   group and group.span and group.span.path)
+        for sample, urls, hint, span in downloads:
+            self._processes.submit(sample, urls, hint, span and span.path)
         for result in self._processes.poll(self._still_needed):
             self._finished(result)
         return True
@@ -610,13 +608,15 @@ class NodePrefetcher:
         room = self.reserve - 2 * int(self._mean_size)
         target = self.target_inflight()
         coalescing = self._coalescing()
-        if planner.tick >= must and coalescing and (
-                end - planner.tick < self.window() // 2
-                or self._staged_bytes > room // 2):
-            # Beyond what the DataLoaders read next, decide in steps of
-            # half the window or reserve: a round's downloads are its
-            # requests, and a few ticks a round would leave a request or
-            # two of a shard's neighbours each.
+        if coalescing and (self._staged_bytes > room - min(
+                room // 2, self._round.limits.max_span) or (
+                    planner.tick >= must
+                    and end - planner.tick < self.window() // 2)):
+            # Decide in steps of a span or half the reserve (or, beyond
+            # what the DataLoaders read next, of half the window): a
+            # round's downloads are its requests, and the few ticks a
+            # round that a read frees would leave a request or two of a
+            # shard's neighbours each.
             return []
         within_target = None
         while planner.tick < end:
@@ -767,6 +767,10 @@ class NodePrefetcher:
                 downloads.append(download)
         return downloads
 
+    def _download_in_turn(self, downloads: List[tuple]) -> None:
+        for download in downloads:
+            self._download(*download)
+
     def _download(self, sample: int, urls: List[str], size: int,
                   span: Optional[SharedSpan]) -> None:
         """Download ``sample``'s files on this thread (one process), from
@@ -803,9 +807,6 @@ class NodePrefetcher:
             no_room = True
         except Exception as failure:  # the reader's own read reports it
             error = (type(failure).__name__, repr(failure))
-        finally:
-            if span is not None:
-                span.release(len(urls))
         self._finished(
             DownloadResult(sample, urls, fetched, total, sized,
                            time.perf_counter() - start, error, no_room))

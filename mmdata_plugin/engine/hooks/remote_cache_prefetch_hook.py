@@ -116,9 +116,10 @@ class RemoteCachePrefetchHook(Hook):
             further ahead. Other paths are fetched one request each.
             Defaults to True.
         coalesce_max_gap (int | str): Most bytes between two members one
-            request covers (tar headers, members kept already or not
-            read now), downloaded and thrown away. Defaults to
-            ``'256KiB'``.
+            request covers (tar headers, small members such as ``.cls``,
+            members kept already or not read now), downloaded and thrown
+            away. Defaults to ``'16KiB'``: a few headers, so a request
+            reads about the bytes of its members.
         coalesce_max_span (int | str): Most bytes one request covers (held
             in the prefetch process's memory until its members are
             written). Defaults to ``'8MiB'``.
@@ -137,7 +138,7 @@ class RemoteCachePrefetchHook(Hook):
                  cache_limit: Union[int, str, None] = None,
                  remote: Optional[dict] = None,
                  coalesce: bool = True,
-                 coalesce_max_gap: Union[int, str] = '256KiB',
+                 coalesce_max_gap: Union[int, str] = '16KiB',
                  coalesce_max_span: Union[int, str] = '8MiB') -> None:
         if (max_inflight < 1 or download_processes < 1 or horizon_epochs <= 0
                 or max_horizon < 1):
