@@ -651,7 +651,6 @@ def main():
     if args.tar_shards:
         report_tar_shards(args)
         return
-    from mmdata_plugin.testing import LoopbackHTTPServer
     work_dir = args.work_dir
     data_dir, data_bytes = prepare_dataset(args)
     budgets = [float(b) for b in args.budgets.split(',') if b]
@@ -666,12 +665,7 @@ def main():
     if 'ours' in wanted:
         configs += list(args.budget_bytes)
     results, skipped = [], {}
-    with LoopbackHTTPServer(
-            data_dir,
-            latency=args.latency,
-            bandwidth=args.bandwidth * 1e6,
-            log_downloads=True,
-            max_lifetime=24 * 3600) as server:
+    with bench_server(data_dir, args) as server:
         args.url = server.base_url
         for name in configs:
             if name in PIP_NAMES:
@@ -702,6 +696,18 @@ def main():
                 }),
             f,
             indent=1)
+
+
+def bench_server(data_dir: str, args):
+    """The loopback remote of the runs: ``--latency``, ``--bandwidth``,
+    every download logged."""
+    from mmdata_plugin.testing import LoopbackHTTPServer
+    return LoopbackHTTPServer(
+        data_dir,
+        latency=args.latency,
+        bandwidth=args.bandwidth * 1e6,
+        log_downloads=True,
+        max_lifetime=24 * 3600)
 
 
 def prepare_dataset(args) -> tuple:
@@ -761,7 +767,6 @@ def tar_dataset(args, root: str, pipeline=()):
 def report_tar_shards(args) -> None:
     """Our node cache over tar shards, members one GET each against
     coalesced, in each order; each config once per repeat, in turn."""
-    from mmdata_plugin.testing import LoopbackHTTPServer
     data_dir, data_bytes = prepare_dataset(args)
     args.shards = pack_tar_shards(data_dir, args.tar_shards)
     budgets = [float(b) for b in args.budgets.split(',') if b]
@@ -775,12 +780,7 @@ def report_tar_shards(args) -> None:
         for name in names
     }
     runs = {name: [] for name in names}
-    with LoopbackHTTPServer(
-            data_dir,
-            latency=args.latency,
-            bandwidth=args.bandwidth * 1e6,
-            log_downloads=True,
-            max_lifetime=24 * 3600) as server:
+    with bench_server(data_dir, args) as server:
         args.url = server.base_url
         # The index is built here, once (a GET per shard), not in a run.
         tar_dataset(args, args.url + 'tar/').full_init()
