@@ -629,7 +629,8 @@ class NodePrefetcher:
                 if not coalescing and self._requests >= target:
                     break
                 if coalescing and within_target is None:
-                    within_target = self._within_target(end, target)
+                    within_target = self._within_target(
+                        end, target, room - self._staged_bytes)
                 if coalescing and planner.tick >= within_target:
                     break
             decision = planner.decide()
@@ -654,22 +655,28 @@ class NodePrefetcher:
         staged = self.reserve / self._mean_size / self._miss_share
         return max(self.window(), math.ceil(staged))
 
-    def _within_target(self, end: int, target: int) -> int:
+    def _within_target(self, end: int, target: int, room: int) -> int:
         """The tick up to which the undecided ticks' downloads keep the
         requests in flight within ``target``, each taken as a miss; a
-        request coalesces the neighbours that ticks up to ``end`` read."""
+        request coalesces the neighbours that ticks up to ``end`` read.
+        Only the ticks whose misses ``room`` bytes stage are looked at, and
+        decided (a fixed reserve of gigabytes would make the lead hundreds
+        of thousands of ticks, each a ``sample_urls`` call a round)."""
         planner = self.planner
         free = target - self._requests
         if free <= 0:
             return planner.tick
         trial = RoundSpans(self._round.limits)
-        ahead = planner.lookahead(end - planner.tick).tolist()
+        stageable = math.ceil(
+            max(room, 0) / self._mean_size / self._miss_share) + 1
+        ahead = planner.lookahead(min(end - planner.tick,
+                                      stageable)).tolist()
         for offset, sample in enumerate(ahead):
             _, opened = trial.join(self.sample_urls(sample))
             free -= opened
             if free < 0:
                 return planner.tick + offset
-        return end
+        return planner.tick + len(ahead)
 
     def _apply(self, decision) -> Optional[tuple]:
         """Book what the decision needs on disk (files no longer needed
