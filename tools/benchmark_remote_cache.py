@@ -162,6 +162,9 @@ def parse_args(argv=None):
                         help='RemoteCachePrefetchHook(coalesce_max_gap=) '
                         'of the coalesced tar runs')
     parser.add_argument('--coalesce-max-span', default='8MiB')
+    parser.add_argument('--prefetch-reserve', default=None,
+                        help='a fixed prefetch_reserve (e.g. 14MB) for the '
+                        'tar runs; default: auto')
     parser.add_argument('--repeats', type=int, default=3)
     parser.add_argument(
         '--work-dir',
@@ -228,7 +231,8 @@ def ours_available() -> bool:
 @contextlib.contextmanager
 def ours_prefetch(dataset, sampler, backend_args: dict, epochs: int,
                   batch_size: int, workers: int,
-                  coalesce: Optional[dict] = None):
+                  coalesce: Optional[dict] = None,
+                  reserve: Optional[str] = None):
     """Run the node's prefetcher around a rank's loop.
 
     What ``RemoteCachePrefetchHook`` does in a runner, for this bare loop:
@@ -275,7 +279,7 @@ def ours_prefetch(dataset, sampler, backend_args: dict, epochs: int,
                 sample_urls=SampleFiles(dataset, ('img_path', )),
                 ranks=list(range(rank, rank + local_size)),
                 token=token[0],
-                reserve=None,
+                reserve=reserve and parse_size(reserve, 'prefetch_reserve'),
                 readahead=(2 * workers + 2) * batch_size * local_size,
                 max_inflight=64,
                 stop=epochs * stream.epoch_ticks,
@@ -424,7 +428,7 @@ def run_rank(args) -> None:
         args.batch_size, args.workers,
         dict(coalesce_max_gap=args.coalesce_max_gap,
              coalesce_max_span=args.coalesce_max_span)
-        if args.rank_run.endswith(COALESCED) else None
+        if args.rank_run.endswith(COALESCED) else None, args.prefetch_reserve
     ) if args.rank_run.startswith(
                 ('ours@', ) + TAR_ORDERS) else contextlib.nullcontext()
     per_batch = args.batch_size * dist.get_world_size()
@@ -511,7 +515,8 @@ def run_config(name: str, args, server, work_dir: str) -> dict:
             '--window-shards', str(args.window_shards),
             '--coalesce-max-gap', args.coalesce_max_gap,
             '--coalesce-max-span', args.coalesce_max_span
-        ],
+        ] + (['--prefetch-reserve', args.prefetch_reserve]
+             if args.prefetch_reserve else []),
         nproc=args.ranks)
     try:
         out = run_command(
