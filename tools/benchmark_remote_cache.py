@@ -5,6 +5,9 @@
 #   python tools/benchmark_remote_cache.py --quick    # ~2 minutes
 #   python tools/benchmark_remote_cache.py --download-rate 2000
 #       # downloads/s and CPU per download against download processes
+#   python tools/benchmark_remote_cache.py --tar-shards 50
+#       # the same samples packed in tar shards, through the node cache
+#       # with each member its own range GET and with coalesced ones
 #
 # The data set (random, incompressible samples with their index in the
 # first 8 bytes, so every read is checked) is served by our loopback HTTP
@@ -66,6 +69,10 @@ BASELINES = ('local', 'mmengine_http', 'remote_http', 'fsspec_simple',
 PIP_NAMES = dict(litdata='litdata', mosaic='mosaicml-streaming')
 IMPORT_NAMES = dict(litdata='litdata', mosaic='streaming')
 HEADER_BYTES = 8
+# Orders of the tar shard runs (--tar-shards), and the suffix of a run
+# whose node cache coalesces neighbouring members.
+TAR_ORDERS = ('window', 'global')
+COALESCED = '+coalesced'
 
 
 def parse_args(argv=None):
@@ -138,6 +145,26 @@ def parse_args(argv=None):
         'in the download processes; medians of --repeats runs')
     parser.add_argument('--download-processes', default='1,2,4',
                         metavar='N,N,...')
+    parser.add_argument(
+        '--tar-shards', type=int, default=None, metavar='SAMPLES',
+        help='only run our node cache over the samples packed into tar '
+        'shards of SAMPLES samples (TarShardDataset), in each of '
+        '--tar-orders, with every member its own range GET and with '
+        'neighbouring members coalesced (RemoteCachePrefetchHook\'s '
+        'coalesce): samples/s, GETs and MB per epoch, medians of --repeats '
+        'runs (each config once per repeat, in turn)')
+    parser.add_argument(
+        '--tar-orders', default='window,global', metavar='ORDER,...',
+        help='window: ShardWindowSampler (--window-shards shards a window); '
+        'global: RankShardedSampler\'s global shuffle')
+    parser.add_argument('--window-shards', type=int, default=4)
+    parser.add_argument('--coalesce-max-gap', default='16KiB',
+                        help='RemoteCachePrefetchHook(coalesce_max_gap=) '
+                        'of the coalesced tar runs')
+    parser.add_argument('--coalesce-max-span', default='8MiB')
+    parser.add_argument('--prefetch-reserve', default=None,
+                        help='a fixed prefetch_reserve (e.g. 14MB) for the '
+                        'tar runs; default: auto')
     parser.add_argument('--repeats', type=int, default=3)
     parser.add_argument(
         '--work-dir',
@@ -146,6 +173,7 @@ def parse_args(argv=None):
     parser.add_argument('--root', help=argparse.SUPPRESS)
     parser.add_argument('--reader', help=argparse.SUPPRESS)
     parser.add_argument('--subset', type=int, help=argparse.SUPPRESS)
+    parser.add_argument('--shards', help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.quick:
         args.samples = min(args.samples, 2000)
@@ -202,7 +230,9 @@ def ours_available() -> bool:
 
 @contextlib.contextmanager
 def ours_prefetch(dataset, sampler, backend_args: dict, epochs: int,
-                  batch_size: int, workers: int):
+                  batch_size: int, workers: int,
+                  coalesce: Optional[dict] = None,
+                  reserve: Optional[str] = None):
     """Run the node's prefetcher around a rank's loop.
 
     What ``RemoteCachePrefetchHook`` does in a runner, for this bare loop:
@@ -215,8 +245,8 @@ def ours_prefetch(dataset, sampler, backend_args: dict, epochs: int,
 
     from mmdata_plugin.cache.node_store import NodeStore
     from mmdata_plugin.cache.size_units import parse_size
-    from mmdata_plugin.engine.hooks.remote_cache_prefetch_hook import \
-        node_ranks
+    from mmdata_plugin.engine.hooks.remote_cache_prefetch_hook import (
+        RemoteCachePrefetchHook, node_ranks)
     from mmdata_plugin.remote_cache.consumption_cursors import CursorWriter
     from mmdata_plugin.remote_cache.pipeline_routing import SampleFiles
     from mmdata_plugin.remote_cache.prefetch_process import (PrefetchProcess,
@@ -249,11 +279,13 @@ def ours_prefetch(dataset, sampler, backend_args: dict, epochs: int,
                 sample_urls=SampleFiles(dataset, ('img_path', )),
                 ranks=list(range(rank, rank + local_size)),
                 token=token[0],
-                reserve=None,
+                reserve=reserve and parse_size(reserve, 'prefetch_reserve'),
                 readahead=(2 * workers + 2) * batch_size * local_size,
                 max_inflight=64,
                 stop=epochs * stream.epoch_ticks,
-                horizon=2 * stream.epoch_ticks))
+                horizon=2 * stream.epoch_ticks,
+                coalesce=RemoteCachePrefetchHook(**coalesce).coalesce
+                if coalesce else None))
     try:
         yield writer
         if process is not None and not process.alive:
@@ -295,7 +327,9 @@ class ReadSample:
 
     def __call__(self, results: dict) -> dict:
         data = self.read(results['img_path'])
-        index = int(osp.basename(results['img_path']).split('.')[0])
+        # A tar member's key is its sample's line number (pack_image_list).
+        index = int(results.get('sample_key')
+                    or osp.basename(results['img_path']).split('.')[0])
         ok = data[:HEADER_BYTES] == index.to_bytes(HEADER_BYTES, 'little')
         return dict(nbytes=len(data), ok=ok)
 
@@ -326,6 +360,16 @@ def reader_settings(name: str, args, work_dir: str) -> dict:
             root=url,
             reader=dict(mode='fsspec', cache_dir=osp.join(work_dir, 'cache')),
             subset=subset)
+    if name.startswith(TAR_ORDERS):
+        # Members are read through the tar member backend (by prefix).
+        backend_args = dict(
+            ours_backend_args(
+                osp.join(work_dir, 'cache'), args.budget_bytes[name]),
+            remote=None)
+        return dict(
+            root=url + 'tar/',
+            reader=dict(backend_args=backend_args),
+            subset=args.samples)
     if name.startswith('ours@'):
         return dict(
             root=url,
@@ -346,21 +390,31 @@ def run_rank(args) -> None:
     from mmcv.transforms import TRANSFORMS
     from torch.utils.data import DataLoader
 
-    from mmdata_plugin.datasets import RankShardedDataset, RankShardedSampler
+    from mmdata_plugin.datasets import (RankShardedDataset,
+                                        RankShardedSampler,
+                                        ShardWindowSampler)
     dist.init_process_group('gloo')
     rank = dist.get_rank()
     TRANSFORMS.register_module(name='ReadSample', module=ReadSample,
                                force=True)
     reader = json.loads(args.reader)
-    dataset = RankShardedDataset(
-        ann_file=osp.join(args.work_dir, 'dataset', 'train.txt'),
-        data_prefix=dict(img_path=args.root),
-        index_dir=osp.join(args.work_dir, 'index'),
-        index_progress=False,
-        # the first `subset` samples (RankShardedDataset's int indices)
-        indices=args.subset,
-        pipeline=[dict(type='ReadSample', **reader)])
-    sampler = RankShardedSampler(dataset, shuffle=True, seed=0)
+    pipeline = [dict(type='ReadSample', **reader)]
+    if args.shards:
+        dataset = tar_dataset(args, args.root, pipeline)
+    else:
+        dataset = RankShardedDataset(
+            ann_file=osp.join(args.work_dir, 'dataset', 'train.txt'),
+            data_prefix=dict(img_path=args.root),
+            index_dir=osp.join(args.work_dir, 'index'),
+            index_progress=False,
+            # the first `subset` samples (RankShardedDataset's int indices)
+            indices=args.subset,
+            pipeline=pipeline)
+    if args.rank_run.startswith('window'):
+        sampler = ShardWindowSampler(
+            dataset, seed=0, window_shards=args.window_shards)
+    else:
+        sampler = RankShardedSampler(dataset, shuffle=True, seed=0)
     loader = DataLoader(
         dataset,
         batch_size=args.batch_size,
@@ -371,8 +425,12 @@ def run_rank(args) -> None:
     epochs = []
     context = ours_prefetch(
         dataset, sampler, reader.get('backend_args'), args.epochs,
-        args.batch_size, args.workers) if args.rank_run.startswith(
-            'ours@') else contextlib.nullcontext()
+        args.batch_size, args.workers,
+        dict(coalesce_max_gap=args.coalesce_max_gap,
+             coalesce_max_span=args.coalesce_max_span)
+        if args.rank_run.endswith(COALESCED) else None, args.prefetch_reserve
+    ) if args.rank_run.startswith(
+                ('ours@', ) + TAR_ORDERS) else contextlib.nullcontext()
     per_batch = args.batch_size * dist.get_world_size()
     with context as cursor:
         for epoch in range(args.epochs):
@@ -453,8 +511,12 @@ def run_config(name: str, args, server, work_dir: str) -> dict:
             str(args.workers), '--batch-size',
             str(args.batch_size), '--epochs',
             str(args.epochs), '--time-box',
-            str(args.time_box)
-        ],
+            str(args.time_box), '--shards', args.shards or '',
+            '--window-shards', str(args.window_shards),
+            '--coalesce-max-gap', args.coalesce_max_gap,
+            '--coalesce-max-span', args.coalesce_max_span
+        ] + (['--prefetch-reserve', args.prefetch_reserve]
+             if args.prefetch_reserve else []),
         nproc=args.ranks)
     try:
         out = run_command(
@@ -473,7 +535,7 @@ def run_config(name: str, args, server, work_dir: str) -> dict:
     ]
     result = summarize(name, ranks, server.download_log(), peak[0], args)
     result['subset'] = settings['subset']
-    if name.startswith('ours@'):
+    if name.startswith(('ours@', ) + TAR_ORDERS):
         trace = osp.join(work_dir, 'trace.npy')
         result['offline'] = offline_policies(trace, args.sample_sizes,
                                              args.budget_bytes[name],
@@ -526,7 +588,8 @@ def summarize(name, ranks, log, peak_disk, args) -> dict:
         samples = sum(p['samples'] for p in parts)
         waits = [w for p in parts for w in p['waits']]
         got = [(path, size) for t, path, size in log
-               if bounds[e] <= t < bounds[e + 1] and path.endswith('.bin')]
+               if bounds[e] <= t < bounds[e + 1]
+               and path.endswith(('.bin', '.tar'))]
         per_path = Counter(path for path, _ in got)
         epochs.append(
             dict(
@@ -539,7 +602,9 @@ def summarize(name, ranks, log, peak_disk, args) -> dict:
                 # every download is a miss of some reader
                 hit_rate=None if name == 'local' else max(
                     0.0, 1 - len(got) / max(samples, 1)),
-                duplicates=sum(n - 1 for n in per_path.values() if n > 1),
+                # Every member GET of a shard is a download of its path.
+                duplicates=None if args.shards else sum(
+                    n - 1 for n in per_path.values() if n > 1),
                 wrong=sum(p['wrong'] for p in parts),
                 cut=any(p['cut'] for p in parts)))
     return dict(name=name, epochs=epochs, peak_disk_mb=peak_disk / 1e6)
@@ -588,26 +653,11 @@ def main():
     if args.download_rate:
         report_download_rate(args)
         return
-    from mmdata_plugin.testing import LoopbackHTTPServer
+    if args.tar_shards:
+        report_tar_shards(args)
+        return
     work_dir = args.work_dir
-    sample_bytes = int(args.sample_kb * 1000)
-    data_dir = osp.join(work_dir, 'dataset')
-    marker = osp.join(work_dir, 'dataset.json')
-    spec = dict(samples=args.samples, sample_bytes=sample_bytes)
-    if not osp.exists(marker) or json.load(open(marker)) != spec:
-        shutil.rmtree(data_dir, ignore_errors=True)
-        print(f'writing {args.samples} samples of ~{args.sample_kb:g} KB to '
-              f'{data_dir} ...', flush=True)
-        write_dataset(data_dir, args.samples, sample_bytes)
-        with open(marker, 'w') as f:
-            json.dump(spec, f)
-    shutil.rmtree(osp.join(work_dir, 'index'), ignore_errors=True)
-    data_bytes = directory_bytes(osp.join(data_dir, 'data'))
-    with open(osp.join(data_dir, 'train.txt')) as f:
-        args.sample_sizes = np.array([
-            osp.getsize(osp.join(data_dir,
-                                 line.split()[0])) for line in f
-        ])
+    data_dir, data_bytes = prepare_dataset(args)
     budgets = [float(b) for b in args.budgets.split(',') if b]
     args.budget_bytes = {
         f'ours@{b:g}%': int(data_bytes * b / 100)
@@ -620,12 +670,7 @@ def main():
     if 'ours' in wanted:
         configs += list(args.budget_bytes)
     results, skipped = [], {}
-    with LoopbackHTTPServer(
-            data_dir,
-            latency=args.latency,
-            bandwidth=args.bandwidth * 1e6,
-            log_downloads=True,
-            max_lifetime=24 * 3600) as server:
+    with bench_server(data_dir, args) as server:
         args.url = server.base_url
         for name in configs:
             if name in PIP_NAMES:
@@ -656,6 +701,144 @@ def main():
                 }),
             f,
             indent=1)
+
+
+def bench_server(data_dir: str, args):
+    """The loopback remote of the runs: ``--latency``, ``--bandwidth``,
+    every download logged."""
+    from mmdata_plugin.testing import LoopbackHTTPServer
+    return LoopbackHTTPServer(
+        data_dir,
+        latency=args.latency,
+        bandwidth=args.bandwidth * 1e6,
+        log_downloads=True,
+        max_lifetime=24 * 3600)
+
+
+def prepare_dataset(args) -> tuple:
+    """Write the data set (once per size) and a fresh index folder; its
+    folder and bytes. Sets ``args.sample_sizes``."""
+    work_dir = args.work_dir
+    sample_bytes = int(args.sample_kb * 1000)
+    data_dir = osp.join(work_dir, 'dataset')
+    marker = osp.join(work_dir, 'dataset.json')
+    spec = dict(samples=args.samples, sample_bytes=sample_bytes)
+    if not osp.exists(marker) or json.load(open(marker)) != spec:
+        shutil.rmtree(data_dir, ignore_errors=True)
+        print(f'writing {args.samples} samples of ~{args.sample_kb:g} KB to '
+              f'{data_dir} ...', flush=True)
+        write_dataset(data_dir, args.samples, sample_bytes)
+        with open(marker, 'w') as f:
+            json.dump(spec, f)
+    shutil.rmtree(osp.join(work_dir, 'index'), ignore_errors=True)
+    data_bytes = directory_bytes(osp.join(data_dir, 'data'))
+    with open(osp.join(data_dir, 'train.txt')) as f:
+        args.sample_sizes = np.array([
+            osp.getsize(osp.join(data_dir,
+                                 line.split()[0])) for line in f
+        ])
+    return data_dir, data_bytes
+
+
+# -------------------------------------------------------- tar shards
+def pack_tar_shards(data_dir: str, per_shard: int) -> str:
+    """Pack the data set into ``data_dir/tar`` (once per shard size);
+    the shards' pattern for ``TarShardDataset``."""
+    from mmdata_plugin.datasets.tar_shard_writer import pack_image_list
+    out = osp.join(data_dir, 'tar')
+    marker = osp.join(out, f'packed-{per_shard}')
+    if not osp.exists(marker):
+        shutil.rmtree(out, ignore_errors=True)
+        pack_image_list(
+            osp.join(data_dir, 'train.txt'), data_dir, out, 'train',
+            per_shard)
+        open(marker, 'w').close()
+    count = sum(name.endswith('.tar') for name in os.listdir(out))
+    return f'train-{{000000..{count - 1:06d}}}.tar'
+
+
+def tar_dataset(args, root: str, pipeline=()):
+    from mmdata_plugin.datasets import TarShardDataset
+    return TarShardDataset(
+        data_root=root,
+        shards=args.shards,
+        image_ext='bin',
+        ann_ext='cls',
+        index_dir=osp.join(args.work_dir, 'index'),
+        index_progress=False,
+        pipeline=list(pipeline))
+
+
+def report_tar_shards(args) -> None:
+    """Our node cache over tar shards, members one GET each against
+    coalesced, in each order; each config once per repeat, in turn."""
+    data_dir, data_bytes = prepare_dataset(args)
+    args.shards = pack_tar_shards(data_dir, args.tar_shards)
+    budgets = [float(b) for b in args.budgets.split(',') if b]
+    names = [
+        f'{order}@{budget:g}%{suffix}'
+        for order in args.tar_orders.split(',') for budget in budgets
+        for suffix in ('', COALESCED)
+    ]
+    args.budget_bytes = {
+        name: int(data_bytes * float(name.split('@')[1].split('%')[0]) / 100)
+        for name in names
+    }
+    runs = {name: [] for name in names}
+    with bench_server(data_dir, args) as server:
+        args.url = server.base_url
+        # The index is built here, once (a GET per shard), not in a run.
+        tar_dataset(args, args.url + 'tar/').full_init()
+        for repeat in range(args.repeats):
+            for name in names:
+                print(f'running {name} ({repeat + 1}/{args.repeats}) ...',
+                      flush=True)
+                runs[name].append(
+                    run_config(name, args, server, args.work_dir))
+    report_tar(runs, data_bytes, args)
+    with open(osp.join(args.work_dir, 'results_tar.json'), 'w') as f:
+        json.dump(dict(runs=runs, data_bytes=data_bytes), f, indent=1)
+
+
+def report_tar(runs: dict, data_bytes: int, args) -> None:
+    shards = int(args.shards.split('..')[1].split('}')[0]) + 1
+    print(f'\n{args.samples} samples, {data_bytes / 1e6:.0f} MB in {shards} '
+          f'tar shards of {args.tar_shards} samples; remote: '
+          f'{args.latency * 1e3:g} ms/request, {args.bandwidth:g} MB/s cap; '
+          f'{args.ranks} ranks x {args.workers} workers, batch '
+          f'{args.batch_size}; window = ShardWindowSampler('
+          f'window_shards={args.window_shards}), global = RankShardedSampler;'
+          f' coalesced: max_gap {args.coalesce_max_gap}, max_span '
+          f'{args.coalesce_max_span}; medians of {args.repeats} runs. GETs '
+          'and MB: what the server '
+          'sent in the epoch; MB/opt: over Belady\'s bytes at the budget.')
+    header = (f'{"config":<26}{"ep":>3}{"samples/s":>11}{"GETs":>8}'
+              f'{"MB":>9}{"MB/opt":>8}{"reserve MB":>11}'
+              f'{"disk/budget":>12}{"wrong":>6}')
+    print(header)
+    print('-' * len(header))
+    for name, results in runs.items():
+        budget = args.budget_bytes[name]
+        for e in range(args.epochs):
+            epochs = [result['epochs'][e] for result in results]
+            optimum = [
+                result['offline']['belady_bypass'][e]['remote_mb']
+                for result in results
+            ]
+            over = np.median([
+                epoch['remote_mb'] / max(best, 1e-9)
+                for epoch, best in zip(epochs, optimum)
+            ])
+            disk = max(r['peak_disk_mb'] for r in results) * 1e6 / budget
+            reserve = np.median([r['reserve'] for r in results]) / 1e6
+            rate = np.median([x['samples_per_s'] for x in epochs])
+            gets = np.median([x['downloads'] for x in epochs])
+            mb = np.median([x['remote_mb'] for x in epochs])
+            once = (f'{reserve:>11.1f}{disk:>12.2f}' if e == 0 else
+                    f'{"":>23}')
+            print(f'{name if e == 0 else "":<26}{e + 1:>3}{rate:>11.0f}'
+                  f'{gets:>8.0f}{mb:>9.1f}{over:>8.2f}{once}'
+                  f'{sum(x["wrong"] for x in epochs):>6}')
 
 
 def report(results, skipped, data_bytes, args):

@@ -22,6 +22,10 @@ one-process prefetcher asks the plan) that no reader has read the file
 meanwhile (:meth:`~.read_once.ReadOnceMarks.reported`) and that the plan
 has not let it go (a mark in ``planner/cancelled``); if either, it leaves
 the decision to the planner.
+
+The jobs of one coalesced request (:mod:`.coalesced_reads`) name its
+covering span and go to one process, which runs them in turn on one
+thread, reading the span once for them.
 """
 import contextlib
 import math
@@ -35,6 +39,7 @@ from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
 from ..cache.node_store import CacheBudgetError, Reservation
 from ..cache.process_owner import owner_of
+from .coalesced_reads import SharedSpan, in_turn
 from .node_cache_backend import NAMESPACE, DownloadNotWanted, RemoteReader
 from .read_once import ReadOnceMarks
 
@@ -73,11 +78,12 @@ class _Job:
     """A sample's download while the planner has it."""
 
     def __init__(self, job_id: int, sample: int, urls: List[str],
-                 hint: int) -> None:
+                 hint: int, cover: Optional[str]) -> None:
         self.id = job_id
         self.sample = sample
         self.urls = urls
         self.hint = hint
+        self.cover = cover
         self.started = time.perf_counter()
         self.fetched = 0
         self.total = 0
@@ -172,13 +178,15 @@ class ProcessDownloads:
 
     # -- jobs -------------------------------------------------------------
 
-    def submit(self, sample: int, urls: List[str], hint: int) -> None:
-        """Download ``sample``'s files (``hint`` bytes in all); its
-        :class:`DownloadResult` comes from a later :meth:`poll`."""
+    def submit(self, sample: int, urls: List[str], hint: int,
+               cover: Optional[str] = None) -> None:
+        """Download ``sample``'s files (``hint`` bytes in all), from the
+        request of the span ``cover`` (a ``tarmember://`` path) when given;
+        its :class:`DownloadResult` comes from a later :meth:`poll`."""
         self._next_id += 1
         self._jobs.append(
             _Job(self._next_id, sample, list(urls),
-                 hint // max(1, len(urls))))
+                 hint // max(1, len(urls)), cover))
 
     def poll(self, wanted: Callable[[int, str], bool]) -> List[DownloadResult]:
         """Book the answers of the download processes, make the room they
@@ -245,15 +253,18 @@ class ProcessDownloads:
             else:
                 job.total += size
         if again:
-            job.urls = again
+            # Alone now: its span's request would read all of it again.
+            job.urls, job.cover = again, None
             self._jobs.append(job)
         else:
             ended.append(job.result())
 
     def _hand_out(self, wanted: Callable[[int, str], bool],
                   ended: List[DownloadResult]) -> None:
-        """Send each new job to the least busy process."""
+        """Send each new job to the least busy process, the jobs of one
+        span to one process."""
         batches: Dict[int, list] = {}
+        span_workers: Dict[str, _Worker] = {}
         for job in self._jobs:
             urls = [url for url in job.urls if wanted(job.sample, url)]
             if len(urls) < len(job.urls):
@@ -261,11 +272,14 @@ class ProcessDownloads:
             if not urls:
                 ended.append(job.result())
                 continue
-            worker = min(self.workers, key=lambda w: len(w.jobs))
+            worker = span_workers.get(job.cover) or min(
+                self.workers, key=lambda w: len(w.jobs))
+            if job.cover is not None:
+                span_workers[job.cover] = worker
             worker.jobs[job.id] = job
             self._sent.update((url, job) for url in urls)
             batches.setdefault(worker.pid, []).append(
-                (job.id, urls, job.hint))
+                (job.id, urls, job.hint, job.cover))
         self._jobs = []
         for worker in self.workers:
             batch = batches.get(worker.pid)
@@ -410,7 +424,8 @@ class _PlannedReservation(Reservation):
 
 
 def _download(reader: RemoteReader, room: _PlannerRoom, url: str, hint: int,
-              marks: ReadOnceMarks) -> Optional[int]:
+              marks: ReadOnceMarks,
+              span: Optional[SharedSpan]) -> Optional[int]:
     """Bytes of ``url``'s entry, ``_GONE`` if freed already, ``_BUSY``
     (another process had it, or it may not be wanted: the planner
     decides)."""
@@ -429,7 +444,8 @@ def _download(reader: RemoteReader, room: _PlannerRoom, url: str, hint: int,
     # lock must not wait for the planner too.
     reservation = room.reserve(url, hint)
     try:
-        entry = reader.fetch_into(url, reservation, room.room_wait, wanted)
+        entry = reader.fetch_into(url, reservation, room.room_wait, wanted,
+                                  span)
     except DownloadNotWanted:
         return _BUSY
     if entry is None:
@@ -444,11 +460,23 @@ def _size(path: str) -> int:
         return _GONE
 
 
-def _run_job(reader: RemoteReader, room: _PlannerRoom, send, job_id: int,
-             urls: List[str], hint: int) -> None:
+def _run_in_turn(reader: RemoteReader, room: _PlannerRoom, send,
+                 jobs: List[tuple]) -> None:
+    """Run ``jobs`` (of one span, or one job) on this thread."""
+    cover = jobs[0][3]
+    span = None if cover is None else SharedSpan(cover)
+    for job_id, urls, hint, _ in jobs:
+        _run_job(reader, room, send, span, job_id, urls, hint)
+
+
+def _run_job(reader: RemoteReader, room: _PlannerRoom, send,
+             span: Optional[SharedSpan], job_id: int, urls: List[str],
+             hint: int) -> None:
     marks = ReadOnceMarks(reader.store.cache_dir)
     try:
-        sizes = [_download(reader, room, url, hint, marks) for url in urls]
+        sizes = [
+            _download(reader, room, url, hint, marks, span) for url in urls
+        ]
         answer = ('ended', job_id, 'done', sizes)
     except CacheBudgetError:
         answer = ('ended', job_id, 'no_room', None)
@@ -489,8 +517,8 @@ def _serve(connection: Connection, reader: RemoteReader, threads: int,
             if message[0] == 'room':
                 room.answered(*message[1:])
                 continue
-            for job in message[1]:
-                pool.submit(_run_job, reader, room, send, *job)
+            for jobs in in_turn(message[1], lambda job: job[3]):
+                pool.submit(_run_in_turn, reader, room, send, jobs)
     except (EOFError, OSError):
         pass
     finally:

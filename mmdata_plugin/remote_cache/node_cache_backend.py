@@ -29,6 +29,7 @@ from mmengine.fileio.backends import BaseStorageBackend, register_backend
 from ..cache.node_store import NodeStore, Reservation, StoreEntry
 from ..remote.errors import RemoteCorruptError
 from ..remote.remote_backend import CORRUPT_ATTEMPTS
+from .coalesced_reads import SharedSpan
 from .read_once import ReadOnceMarks
 
 #: Store namespace of downloaded files.
@@ -158,7 +159,8 @@ class RemoteReader:
               size_hint: Optional[int] = None,
               admit: bool = True,
               wanted: Optional[Callable[[], bool]] = None,
-              room_wait: Optional[float] = None) -> StoreEntry:
+              room_wait: Optional[float] = None,
+              span: Optional[SharedSpan] = None) -> StoreEntry:
         """The store entry of ``url``, downloaded once if missing.
 
         Bytes that fail their checksum (see
@@ -172,25 +174,30 @@ class RemoteReader:
         ``room_wait`` seconds are waited for room in a full budget instead
         of downloading a private copy (for a download nobody reads now; see
         :meth:`~mmdata_plugin.cache.node_store.NodeStore.get_or_produce`).
+        ``span``: a :class:`~.coalesced_reads.SharedSpan` holding ``url``
+        (a tar member), whose one request brings its bytes.
         """
         # A reservation that outgrows the hint is grown while writing.
         hint = min(self.size_hint if size_hint is None else size_hint,
                    self.store.limit)
-        produce = self._producer(url, wanted)
+        produce = self._producer(url, wanted, span)
         return self._retrying_corrupt(
             lambda: self.store.get_or_produce(NAMESPACE, url, produce, hint,
                                               admit=admit,
                                               room_wait=room_wait))
 
-    def fetch_into(self, url: str, reservation: Reservation,
+    def fetch_into(self,
+                   url: str,
+                   reservation: Reservation,
                    room_wait: float,
-                   wanted: Callable[[], bool]) -> Optional[StoreEntry]:
+                   wanted: Callable[[], bool],
+                   span: Optional[SharedSpan] = None) -> Optional[StoreEntry]:
         """:meth:`fetch` into ``reservation`` (see
         :meth:`~mmdata_plugin.cache.node_store.NodeStore.produce_into`);
         None when another process was downloading ``url`` and left no
-        entry. ``wanted`` and ``room_wait`` as for :meth:`fetch`; the
-        reservation is released unless used."""
-        produce = self._producer(url, wanted)
+        entry. ``wanted``, ``room_wait`` and ``span`` as for :meth:`fetch`;
+        the reservation is released unless used."""
+        produce = self._producer(url, wanted, span)
         try:
             return self._retrying_corrupt(
                 lambda: self.store.produce_into(NAMESPACE, url, produce,
@@ -198,16 +205,19 @@ class RemoteReader:
         finally:
             reservation.release()
 
-    def _producer(self, url: str, wanted: Optional[Callable[[], bool]]):
+    def _producer(self, url: str, wanted: Optional[Callable[[], bool]],
+                  span: Optional[SharedSpan]):
         """What downloads ``url`` into a store's file."""
 
         def produce(file) -> None:
             if wanted is not None and not wanted():
                 raise DownloadNotWanted(url)
             backend = self.remote(url)
+            if span is not None:
+                file.write(span.member_bytes(url, backend.get))
             # Our remote backends stream into the file (and resume a cut
             # body); any other fileio backend hands over the bytes.
-            if callable(getattr(backend, 'download', None)):
+            elif callable(getattr(backend, 'download', None)):
                 backend.download(url, file)
             else:
                 file.write(backend.get(url))

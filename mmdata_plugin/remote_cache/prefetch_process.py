@@ -19,6 +19,7 @@ from mmengine.logging import print_log
 
 from ..cache.node_store import NodeStore
 from ..sample_order.node_stream import NodeStream
+from .coalesced_reads import CoalesceLimits
 from .consumption_cursors import CursorReader
 from .node_cache_backend import RemoteReader
 from .prefetcher import NodePrefetcher
@@ -43,6 +44,7 @@ class PrefetchSpec(NamedTuple):
     stop: Optional[int]
     horizon: int
     download_processes: int = 1
+    coalesce: Optional[CoalesceLimits] = None
 
 
 def build_prefetcher(spec: PrefetchSpec) -> NodePrefetcher:
@@ -57,7 +59,8 @@ def build_prefetcher(spec: PrefetchSpec) -> NodePrefetcher:
         max_inflight=spec.max_inflight,
         stop=spec.stop,
         horizon=spec.horizon,
-        download_processes=spec.download_processes)
+        download_processes=spec.download_processes,
+        coalesce=spec.coalesce)
     # The plan decides what goes when a download needs room.
     store.eviction_policy = prefetcher.victims
     return prefetcher

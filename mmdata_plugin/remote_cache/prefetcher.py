@@ -11,7 +11,9 @@ Each :meth:`NodePrefetcher.poll`:
    passed (what a reader did not report, e.g. a read served elsewhere);
 3. decides the ticks up to ``position + window`` (:class:`~.stream_planner.
    StreamPlanner`: hit or download, kept until which tick, dropped) and
-   starts their downloads, at most ``target_inflight`` at a time;
+   starts their downloads, at most ``target_inflight`` requests at a time
+   (neighbouring tar members of a round share one request,
+   :mod:`.coalesced_reads`);
 4. with a growing-window order, fills what is left of the in-flight target
    with the samples entering the next epoch's window, each booked as kept
    until its first read (:mod:`.window_ahead`).
@@ -38,6 +40,7 @@ from mmengine.logging import print_log
 
 from ..cache.node_store import CacheBudgetError
 from ..sample_order.node_stream import NodeStream
+from .coalesced_reads import CoalesceLimits, RoundSpans, SharedSpan, in_turn
 from .consumption_cursors import CursorReader
 from .download_processes import DownloadResult, ProcessDownloads
 from .node_cache_backend import (NAMESPACE, DownloadNotWanted, RemoteReader,
@@ -55,6 +58,9 @@ _MIN_STAGED = 4
 #: Largest share of the budget an automatic reserve takes (when it holds
 #: more than _MIN_STAGED samples): the rest keeps samples for hits.
 RESERVE_SHARE = 0.05
+#: Largest share of the budget an automatic reserve takes to stage two
+#: coalesced requests' members (see needed_reserve).
+COALESCED_RESERVE_SHARE = 0.25
 #: Relative change of the needed reserve that resizes it.
 _RESIZE_STEP = 0.25
 #: Seconds a download waits for room in a full budget before it leaves
@@ -93,6 +99,10 @@ class NodePrefetcher:
         download_processes (int): Processes forked to download (see
             :mod:`.download_processes`) when one's CPU is not enough; 1
             downloads on threads of this process.
+        coalesce (CoalesceLimits, optional): Limits of the requests that
+            fetch neighbouring tar members of a round at once (a group
+            counts as one request against ``max_inflight``); None fetches
+            each member with its own.
     """
 
     def __init__(self,
@@ -106,7 +116,8 @@ class NodePrefetcher:
                  stop: Optional[int] = None,
                  horizon: int = 1 << 20,
                  min_lead: int = 64,
-                 download_processes: int = 1) -> None:
+                 download_processes: int = 1,
+                 coalesce: Optional[CoalesceLimits] = None) -> None:
         self.reader = reader
         self.store = reader.store
         self.stream = stream
@@ -165,6 +176,11 @@ class NodePrefetcher:
             self._pool = ThreadPoolExecutor(max_inflight, 'node-prefetch')
         self._inflight = 0
         self._downloading = set()
+        # Requests in flight (a coalesced group is one), this round's
+        # groups, and the group each downloading sample belongs to.
+        self._requests = 0
+        self._round = None if coalesce is None else RoundSpans(coalesce)
+        self._group_of = {}
         # Files off the books, until this thread has evicted them.
         self._leaving = set()
         self._started_at = time.time()
@@ -252,12 +268,18 @@ class NodePrefetcher:
         the window's ticks (read-ahead plus measured rate x latency) that
         miss, plus the margin of two samples :meth:`_decide_ahead` keeps;
         at least ``_MIN_STAGED`` samples, at most ``RESERVE_SHARE`` of the
-        limit when that holds them."""
-        mean = int(self._mean_size)
-        staged = math.ceil(self.window() * self._miss_share) + 2
+        limit when that holds them. Once requests coalesce tar members, two
+        requests' spans more (one read while the next downloads: a round's
+        members are only as dense in their shards as the reserve lets it
+        decide ticks ahead), at most ``COALESCED_RESERVE_SHARE``."""
+        mean, limit = int(self._mean_size), self.store.limit
+        staged = (math.ceil(self.window() * self._miss_share) + 2) * mean
         floor = _MIN_STAGED * mean
-        cap = max(floor, int(self.store.limit * RESERVE_SHARE))
-        return min(max(staged * mean, floor), cap)
+        share = RESERVE_SHARE
+        if self._coalescing():
+            staged += 2 * self._round.limits.max_span
+            share = COALESCED_RESERVE_SHARE
+        return min(max(staged, floor), max(floor, int(limit * share)))
 
     def _resize_reserve(self) -> List[str]:
         """Follow :meth:`needed_reserve` when it moved by more than
@@ -551,14 +573,18 @@ class NodePrefetcher:
             self._leaving.update(self._take_reads())
             self._leaving.update(self._release_consumed())
             downloads = self._decide_ahead() + self._fetch_entering()
+            if self._round is not None:
+                self._round.close()
             leaving = list(self._leaving)
         self._evict(leaving)
+        downloads = [(sample, urls, hint, group and group.span)
+                     for sample, urls, hint, group in downloads]
         if self._processes is None:
-            for download in downloads:
-                self._pool.submit(self._download, *download)
+            for run in in_turn(downloads, lambda download: download[3]):
+                self._pool.submit(self._download_in_turn, run)
             return True
-        for download in downloads:
-            self._processes.submit(*download)
+        for sample, urls, hint, span in downloads:
+            self._processes.submit(sample, urls, hint, span and span.path)
         for result in self._processes.poll(self._still_needed):
             self._finished(result)
         return True
@@ -582,19 +608,27 @@ class NodePrefetcher:
         """Decide the ticks of the window; the downloads to start."""
         planner = self.planner
         must = self.position + self.readahead
-        end = self.position + self.window()
+        end = self.position + self._lead()
         downloads = []
         # A tick stages at most two samples (its read and one dropped).
         room = self.reserve - 2 * int(self._mean_size)
         target = self.target_inflight()
+        coalescing = self._coalescing()
+        within_target = None
         while planner.tick < end:
             if self._staged_bytes > room:
                 self.stats['reserve_full'] += 1
                 break
             # What the DataLoaders may read next is downloading whatever
             # the in-flight target: a reader ahead of the plan would wait.
-            if planner.tick >= must and self._inflight >= target:
-                break
+            if planner.tick >= must:
+                if not coalescing and self._requests >= target:
+                    break
+                if coalescing and within_target is None:
+                    within_target = self._within_target(
+                        end, target, room - self._staged_bytes)
+                if coalescing and planner.tick >= within_target:
+                    break
             decision = planner.decide()
             if decision is None:
                 break
@@ -602,6 +636,43 @@ class NodePrefetcher:
             if download is not None:
                 downloads.append(download)
         return downloads
+
+    def _coalescing(self) -> bool:
+        """Whether requests have coalesced members (tar shards): only
+        then are ticks decided in steps, further ahead."""
+        return self._round is not None and self._round.coalesced > 0
+
+    def _lead(self) -> int:
+        """Ticks ahead of the loops decided: the window, and with
+        coalesced requests as many as the reserve stages (the members of a
+        request are the neighbours read within them)."""
+        if not self._coalescing():
+            return self.window()
+        staged = self.reserve / self._mean_size / self._miss_share
+        return max(self.window(), math.ceil(staged))
+
+    def _within_target(self, end: int, target: int, room: int) -> int:
+        """The tick up to which the undecided ticks' downloads keep the
+        requests in flight within ``target``, each taken as a miss; a
+        request coalesces the neighbours that ticks up to ``end`` read.
+        Only the ticks whose misses ``room`` bytes stage are looked at, and
+        decided (a fixed reserve of gigabytes would make the lead hundreds
+        of thousands of ticks, each a ``sample_urls`` call a round)."""
+        planner = self.planner
+        free = target - self._requests
+        if free <= 0:
+            return planner.tick
+        trial = RoundSpans(self._round.limits)
+        stageable = math.ceil(
+            max(room, 0) / self._mean_size / self._miss_share) + 1
+        ahead = planner.lookahead(min(end - planner.tick,
+                                      stageable)).tolist()
+        for offset, sample in enumerate(ahead):
+            _, opened = trial.join(self.sample_urls(sample))
+            free -= opened
+            if free < 0:
+                return planner.tick + offset
+        return planner.tick + len(ahead)
 
     def _apply(self, decision) -> Optional[tuple]:
         """Book what the decision needs on disk (files no longer needed
@@ -643,12 +714,19 @@ class NodePrefetcher:
 
     def _download_of(self, sample: int, urls: List[str]) -> Optional[tuple]:
         """The download ``sample`` needs (counted in flight), or None when
-        its files are on disk or coming."""
+        its files are on disk or coming: ``(sample, urls, hint, group)``,
+        ``group`` the round's coalesced request it joined (None: its own;
+        its span is known once the round is decided)."""
         if sample in self._downloading or self._present(urls):
             return None
         self._inflight += 1
         self._downloading.add(sample)
-        return sample, urls, self._download_hint(sample)
+        group, opened = (None, True) if self._round is None else \
+            self._round.join(urls)
+        self._requests += opened
+        if group is not None:
+            self._group_of[sample] = group
+        return sample, urls, self._download_hint(sample), group
 
     def _fetch_entering(self) -> tuple:
         """Downloads of samples entering the next epoch's window, at low
@@ -666,7 +744,7 @@ class NodePrefetcher:
                         cache.capacity // max(1, int(self._mean_size)))
         target = self.target_inflight()
         downloads = []
-        while self._inflight < target:
+        while self._requests < target:
             item = entering.peek()
             if item is None:
                 break
@@ -694,8 +772,14 @@ class NodePrefetcher:
                 downloads.append(download)
         return downloads
 
-    def _download(self, sample: int, urls: List[str], size: int) -> None:
-        """Download ``sample``'s files on this thread (one process)."""
+    def _download_in_turn(self, downloads: List[tuple]) -> None:
+        for download in downloads:
+            self._download(*download)
+
+    def _download(self, sample: int, urls: List[str], size: int,
+                  span: Optional[SharedSpan]) -> None:
+        """Download ``sample``'s files on this thread (one process), from
+        ``span``'s one request when given."""
         start = time.perf_counter()
         total, fetched, sized = 0, 0, True
         error, no_room = None, False
@@ -706,7 +790,8 @@ class NodePrefetcher:
                         url,
                         size // max(len(urls), 1),
                         wanted=lambda url=url: self._still_needed(sample, url),
-                        room_wait=_ROOM_WAIT)
+                        room_wait=_ROOM_WAIT,
+                        span=span)
                 except DownloadNotWanted:
                     sized = False
                     continue
@@ -746,6 +831,9 @@ class NodePrefetcher:
                     self._learn_size(result.sample, result.total)
             self._inflight -= 1
             self._downloading.discard(result.sample)
+            group = self._group_of.pop(result.sample, None)
+            if group is None or group.ended_one():
+                self._requests -= 1
         if result.error is not None:
             kind, message = result.error
             self._warn_once(
@@ -800,6 +888,7 @@ class NodePrefetcher:
                 planned_to=self.planner.tick if self.planner else 0,
                 window=self.window(),
                 inflight=self._inflight,
+                requests_inflight=self._requests,
                 target_inflight=self.target_inflight(),
                 max_inflight=self.max_inflight,
                 latency_s=self._latency,

@@ -44,7 +44,7 @@ def make_stream(count, world_size=1):
 
 def build(tmp_path, count=120, limit=40 * SIZE, reserve=10 * SIZE,
           readahead=8, epochs=3, token=1, start_stream=None, urls=None,
-          remote=None, max_inflight=4, download_processes=1):
+          remote=None, max_inflight=4, download_processes=1, coalesce=None):
     urls = urls or make_source(str(tmp_path / 'remote'), count)
     cache_dir = str(tmp_path / 'cache')
     store = NodeStore(cache_dir, limit)
@@ -56,7 +56,7 @@ def build(tmp_path, count=120, limit=40 * SIZE, reserve=10 * SIZE,
         readahead=readahead, max_inflight=max_inflight,
         stop=stream.epoch_start(epochs),
         horizon=2 * stream.epoch_ticks_of(epochs - 1),
-        download_processes=download_processes)
+        download_processes=download_processes, coalesce=coalesce)
     store.eviction_policy = prefetcher.victims
     return prefetcher, writer, urls, cache_dir, limit
 
@@ -261,8 +261,10 @@ def test_a_queued_download_of_a_file_already_read_is_dropped(tmp_path):
     booked = set(prefetcher._urls)
     unbooked = next(s for s in range(120) if s not in booked)
     produced = prefetcher.store.counters(NAMESPACE)['produced']
-    prefetcher._inflight += 1  # as _apply does when it queues one
-    prefetcher._download(unbooked, urls(unbooked), SIZE)
+    # As _download_of does when it queues one.
+    prefetcher._inflight += 1
+    prefetcher._requests += 1
+    prefetcher._download(unbooked, urls(unbooked), SIZE, None)
     prefetcher.close()
     assert prefetcher.store.counters(NAMESPACE)['produced'] == produced
     assert prefetcher.stats['read_before_download'] == 1

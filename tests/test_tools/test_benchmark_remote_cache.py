@@ -49,6 +49,26 @@ def test_harness_measures_remote_readers(tmp_path):
     assert "At the plan's capacity" in out and '\nours@50%' in out
 
 
+def test_tar_shards_are_read_per_member_and_coalesced(tmp_path):
+    out = run_script(f'{REPO_ROOT}/tools/benchmark_remote_cache.py', [
+        '--tar-shards', '30', '--samples', '120', '--sample-kb', '4',
+        '--latency', '0.01', '--epochs', '2', '--workers', '1',
+        '--batch-size', '8', '--budgets', '50', '--repeats', '1',
+        '--tar-orders', 'window', '--work-dir',
+        str(tmp_path)
+    ],
+                      env=cpu_env(dict(PYTHONPATH=python_path(REPO_ROOT))),
+                      timeout=600).stdout
+    runs = json.loads((tmp_path / 'results_tar.json').read_text())['runs']
+    assert set(runs) == {'window@50%', 'window@50%+coalesced'}
+    for name, (result, ) in runs.items():
+        for epoch in result['epochs']:
+            assert (epoch['samples'], epoch['wrong']) == (120, 0), name
+    # Nothing on disk at the start: each member a GET of its own.
+    assert runs['window@50%'][0]['epochs'][0]['downloads'] >= 120
+    assert '\nwindow@50%+coalesced' in out and 'GETs' in out
+
+
 def test_planner_scale_is_measured_against_belady():
     # A look-ahead of 1/40 of an epoch still keeps Belady's 25%.
     out = run_script(f'{REPO_ROOT}/tools/benchmark_remote_cache.py', [

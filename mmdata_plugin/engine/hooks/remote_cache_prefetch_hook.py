@@ -13,6 +13,7 @@ from mmengine.runner import IterBasedTrainLoop
 
 from ...cache.node_store import NodeStore
 from ...cache.size_units import parse_size
+from ...remote_cache.coalesced_reads import CoalesceLimits
 from ...remote_cache.consumption_cursors import CursorWriter
 from ...remote_cache.pipeline_routing import (SampleFiles,
                                               find_node_cache_args,
@@ -107,6 +108,23 @@ class RemoteCachePrefetchHook(Hook):
             e.g. ``'200GB'``.
         remote (dict, optional): ``backend_args`` of the remote backend for
             routed transforms; None keeps each transform's own.
+        coalesce (bool): Fetch the members of remote tar shards
+            (``tarmember://`` paths, ``TarShardDataset``) that the
+            prefetcher downloads at once and that lie close together in a
+            shard with one range GET of the bytes covering them; each
+            member's entry is cut from it (checked against the shard's
+            size and ETag, the span's and the member's length). A request
+            counts once against ``max_inflight``, so the prefetcher looks
+            further ahead. Other paths are fetched one request each.
+            Defaults to True.
+        coalesce_max_gap (int | str): Most bytes between two members one
+            request covers (tar headers, small members such as ``.cls``,
+            members kept already or not read now), downloaded and thrown
+            away. Defaults to ``'16KiB'``: a few headers, so a request
+            reads about the bytes of its members.
+        coalesce_max_span (int | str): Most bytes one request covers (held
+            in the prefetch process's memory until its members are
+            written). Defaults to ``'8MiB'``.
     """
 
     priority = 'VERY_HIGH'
@@ -120,7 +138,10 @@ class RemoteCachePrefetchHook(Hook):
                  max_horizon: int = 1 << 23,
                  cache_dir: Optional[str] = None,
                  cache_limit: Union[int, str, None] = None,
-                 remote: Optional[dict] = None) -> None:
+                 remote: Optional[dict] = None,
+                 coalesce: bool = True,
+                 coalesce_max_gap: Union[int, str] = '16KiB',
+                 coalesce_max_span: Union[int, str] = '8MiB') -> None:
         if (max_inflight < 1 or download_processes < 1 or horizon_epochs <= 0
                 or max_horizon < 1):
             raise ValueError(
@@ -136,6 +157,10 @@ class RemoteCachePrefetchHook(Hook):
         self.max_horizon = max_horizon
         self.overrides = dict(cache_dir=cache_dir, cache_limit=cache_limit,
                               remote=remote)
+        self.coalesce = CoalesceLimits(
+            parse_size(coalesce_max_gap, 'coalesce_max_gap'),
+            parse_size(coalesce_max_span, 'coalesce_max_span')) \
+            if coalesce else None
         self.process: Optional[PrefetchProcess] = None
         self._writer: Optional[CursorWriter] = None
         self._loader = None
@@ -284,6 +309,7 @@ class RemoteCachePrefetchHook(Hook):
             max_inflight=self.max_inflight,
             stop=stop,
             download_processes=self.download_processes,
+            coalesce=self.coalesce,
             horizon=min(self.max_horizon,
                         max(1, int(self.horizon_epochs * pass_ticks))))
         self.process = PrefetchProcess(spec)
