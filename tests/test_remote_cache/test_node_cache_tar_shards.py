@@ -28,7 +28,7 @@ def packed_demo(tmp_path_factory):
     return root
 
 
-def test_members_come_through_the_node_cache_one_range_get_each(
+def test_members_come_through_the_node_cache_in_range_gets(
         packed_demo, train_env, tmp_path):
     shards = sorted(os.listdir(osp.join(packed_demo, 'tar')))
     train_shards = [s for s in shards if s.startswith('train-')]
@@ -66,10 +66,19 @@ def test_members_come_through_the_node_cache_one_range_get_each(
     assert status['failed'] == 0 and status['planned_hits'] > 0
     assert 0 < usage.peak <= limit
     # Per train shard: one GET streamed it for the index, each other GET
-    # is one member's range. Two passes read 240 samples; the plan keeps
-    # some for the second pass, so fewer members than reads are fetched.
+    # is a range of members. In this config's global shuffle members
+    # decided together rarely neighbour (coalescing: test_coalesced_reads),
+    # so about one GET per member. Two passes read 240 samples;
+    # the plan keeps some for the second pass and the pipeline's head
+    # serves the rest, so fewer GETs than reads.
     fetched = sum(stats.downloads[f'tar/{name}'] - 1
                   for name in train_shards)
-    assert 120 <= fetched < iters * batch - status['planned_hits'] // 2
+    assert 0 < fetched < iters * batch - status['planned_hits'] // 2
+    # Every member's bytes came through the node cache at least once.
+    fetched_bytes = sum(
+        stats.bytes_per_path[f'tar/{name}'] -
+        osp.getsize(osp.join(packed_demo, 'tar', name))
+        for name in train_shards)
+    assert fetched_bytes >= member_bytes
     assert stats.get_requests - stats.downloads['tar/val-000000.tar'] <= (
         len(train_shards) + fetched)
