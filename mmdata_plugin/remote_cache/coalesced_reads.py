@@ -54,6 +54,7 @@ class SharedSpan:
         self.span = parse_member_path(path)
         self._data: Optional[bytes] = None
         self._error: Optional[BaseException] = None
+        self._uncounted = 0
 
     def member_bytes(self, url: str, read: Callable[[str], bytes]) -> bytes:
         """The bytes of member ``url``, cut from the span, which ``read``
@@ -78,6 +79,7 @@ class SharedSpan:
             except Exception as error:
                 self._error = error
                 raise
+            self._uncounted = len(self._data)
         data = self._data
         piece = data[offset:offset + member.length]
         if len(piece) != member.length:
@@ -85,6 +87,12 @@ class SharedSpan:
                 url, f'{len(piece)} of the member\'s {member.length} bytes '
                 f'in the {len(data)} bytes read of {self.path}')
         return piece
+
+    def take_read_bytes(self) -> int:
+        """Bytes read from the remote not counted yet: the whole span,
+        gaps included, once (to the member whose call read it)."""
+        count, self._uncounted = self._uncounted, 0
+        return count
 
 
 class _Group:

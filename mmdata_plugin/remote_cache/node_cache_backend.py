@@ -214,10 +214,17 @@ class RemoteReader:
                 raise DownloadNotWanted(url)
             backend = self.remote(url)
             if span is not None:
-                file.write(span.member_bytes(url, backend.get))
+                try:
+                    file.write(span.member_bytes(url, backend.get))
+                finally:
+                    # What came from the remote: a coalesced request's
+                    # whole span, gaps included, counted once.
+                    self.store.count(NAMESPACE, 'produced_bytes',
+                                     span.take_read_bytes())
+                return
             # Our remote backends stream into the file (and resume a cut
             # body); any other fileio backend hands over the bytes.
-            elif callable(getattr(backend, 'download', None)):
+            if callable(getattr(backend, 'download', None)):
                 backend.download(url, file)
             else:
                 file.write(backend.get(url))

@@ -96,6 +96,10 @@ def test_a_shard_aware_run_fetches_fewer_gets_than_members(
     assert stats.get_requests * 3 < produced * 2, (stats.get_requests,
                                                    produced)
     assert stats.duplicate_downloads <= stats.get_requests
+    # What the node counts as downloaded (the DataMonitor's remote bytes)
+    # is what the server sent, the gaps of coalesced spans included.
+    assert prefetcher.store.counters()[NAMESPACE]['produced_bytes'] == \
+        stats.bytes_sent
 
 
 def test_without_coalescing_each_member_is_a_get(shards, tmp_path):
