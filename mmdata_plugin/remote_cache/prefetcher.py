@@ -889,6 +889,8 @@ class NodePrefetcher:
                 window=self.window(),
                 inflight=self._inflight,
                 requests_inflight=self._requests,
+                coalesced_requests=(self._round.coalesced
+                                    if self._round is not None else 0),
                 target_inflight=self.target_inflight(),
                 max_inflight=self.max_inflight,
                 latency_s=self._latency,

@@ -195,3 +195,17 @@ def test_a_member_cut_short_gets_no_entry(shards, tmp_path):
         # Its reader reads it on its own, right.
         with reader.fetch(paths[-1]) as entry:
             assert read_file(entry.path) == expected(paths[-1])
+
+
+def test_coalesced_requests_under_faults_serve_the_right_bytes(
+        shards, tmp_path):
+    # A remote failing a fifth of its requests (5xx, bodies cut short):
+    # a span's read is retried and resumed as a member's is, and every
+    # read, through a span or on demand, has the member's bytes.
+    with LoopbackHTTPServer(shards, latency=0.002, fault_rate=0.2,
+                            fault_kinds=('5xx', 'truncated')) as srv:
+        prefetcher, stats, peak, limit = shard_window_run(
+            shards, tmp_path, srv, LIMITS)
+    assert stats.faults['5xx'] and stats.faults['truncated']
+    assert prefetcher.status()['coalesced_requests'] > 0
+    assert peak <= limit
