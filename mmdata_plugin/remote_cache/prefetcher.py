@@ -317,13 +317,17 @@ class NodePrefetcher:
 
     # -- what stays on disk ---------------------------------------------------
 
-    def _book(self, sample: int) -> List[str]:
+    def _book(self, sample: int,
+              files: Optional[List[str]] = None) -> List[str]:
+        """Put ``sample`` on the books (``files``: what ``sample_urls``
+        just said of it); its booked files."""
         urls = self._urls.get(sample)
         if urls is None:
-            urls = self._urls[sample] = list(self.sample_urls(sample))
+            urls = self._urls[sample] = list(
+                self.sample_urls(sample) if files is None else files)
             if not urls:
-                # Reads no file (its path keys are empty): nothing to
-                # download or keep.
+                # Reads no file (its path keys are empty, or a pipeline
+                # head serves it): nothing to download or keep.
                 self._sizes.set(sample, 0)
             for url in urls:
                 if self._booked.add(self._digest(url), sample) > 1:
@@ -687,9 +691,13 @@ class NodePrefetcher:
         for victim in decision.dropped:
             self._leaving.update(self._drop(victim))
         self._booked_ahead.discard(sample)
-        read = sample not in self._urls and self._read_already(
-            self.sample_urls(sample))
-        urls = self._book(sample)
+        # Asked once per decision (a data-info look-up, a stat per file a
+        # pipeline head may serve): a booked sample's files stay on its
+        # books, but a head may serve one since, and then it is not
+        # downloaded.
+        files = self.sample_urls(sample)
+        read = sample not in self._urls and self._read_already(files)
+        urls = self._book(sample, files)
         # Booked again before this round evicted it: it stays.
         self._leaving.difference_update(urls)
         if read:
@@ -705,9 +713,7 @@ class NodePrefetcher:
             self._last_read[sample] = tick
             heapq.heappush(self._releases, (tick, sample))
             self._settle(sample)
-        # Asked afresh: a booked sample's files stay on its books, but a
-        # pipeline head may serve one since (sample_urls leaves it out).
-        download = self._download_of(sample, self.sample_urls(sample))
+        download = self._download_of(sample, files)
         if download is not None and decision.hit:
             self.stats['refetched'] += 1
         return download
