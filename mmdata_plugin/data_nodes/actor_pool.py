@@ -188,7 +188,9 @@ class ActorPool:
 
         New actors take batches once they have started and loaded sample 0
         (the trainer does not wait for them); removed ones finish the
-        batches they were sent, which stay valid, and then exit.
+        batches they were sent, which stay valid, and then exit (should
+        Ray end one before its queued batches, as it did once in a test,
+        those are made again by the others, in order).
         """
         if num_actors < 1:
             raise ValueError(f'ActorPool.resize: num_actors={num_actors} '

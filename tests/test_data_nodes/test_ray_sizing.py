@@ -145,17 +145,22 @@ def test_resizing_changes_nothing_in_the_stream(cluster):
             got.append(next(stream))  # a new actor joins once started
         got += [next(stream) for _ in range(8)]
         # A removed actor finishes the batches it was sent.
+        sent = [pending.slot for pending in stream._window]
         pool.resize(1)
         got += [next(stream) for _ in range(8)]
     finally:
         pool.close()
     assert pool.replaced == 0
     assert [batch for batch, _ in got] == [_batch(k) for k in range(len(got))]
-    # The new actor made batches; the removed one made the 2 of the 4 in
-    # flight it had been sent (none produced again), then only the one
-    # left did.
+    # The new actor made batches; the removed one made the batch it was
+    # making when removed. Ray may end it before its queued one (seen
+    # once in CI): that batch is made again by the one left, never lost
+    # (the stream above). Then only the one left made batches.
     assert {slot for _, slot in got[-16:-8]} == {0, 1}
-    assert [slot for _, slot in got[-8:-4]].count(1) == 2
+    assert sent == [0, 1, 0, 1] or sent == [1, 0, 1, 0]
+    made = [slot for _, slot in got[-8:-4]]
+    assert made[sent.index(1)] == 1
+    assert all(slot in (0, was) for slot, was in zip(made, sent))
     assert {slot for _, slot in got[-4:]} == {0}
 
 
