@@ -3,6 +3,7 @@ import argparse
 import os.path as osp
 import time
 
+from mmdata_plugin.datasets.mds_shard_writer import pack_image_list_mds
 from mmdata_plugin.datasets.tar_shard_writer import pack_image_list
 from mmdata_plugin.utils import make_demo_dataset
 
@@ -29,6 +30,14 @@ def parse_args():
         metavar='N',
         help='also pack each split into WebDataset tar shards of N samples '
         'under OUT/tar (configs/demo/tinycnn_demo-jpeg-tar.py reads them)')
+    parser.add_argument(
+        '--mds-shards',
+        type=int,
+        default=0,
+        metavar='N',
+        help='also pack each split into MosaicML Streaming MDS shards of N '
+        'samples under OUT/mds/<split> (configs/demo/tinycnn_demo-jpeg-mds.py '
+        'reads them)')
     return parser.parse_args()
 
 
@@ -51,6 +60,13 @@ def main():
                                      osp.join(args.out, 'tar'), split,
                                      args.tar_shards)
             print(f'Packed {split} into {len(shards)} tar shards: '
+                  f'{shards[0]} ...')
+    if args.mds_shards:
+        for split, ann_file in ann_files.items():
+            shards = pack_image_list_mds(ann_file, args.out,
+                                         osp.join(args.out, 'mds', split),
+                                         args.mds_shards)
+            print(f'Packed {split} into {len(shards)} MDS shards: '
                   f'{shards[0]} ...')
 
 

@@ -3,6 +3,9 @@ from .annotation_lines import (AnnotationFormatError, decode_line,
                                sample_line_starts)
 from .growing_window_sampler import GrowingWindowSampler, window_capacity
 from .image_list_dataset import ImageListDataset
+from .mds_shard_dataset import MDSShardDataset
+from .mds_shard_scan import MDSShardError
+from .mds_shard_writer import pack_image_list_mds
 from .line_index import (LineIndex, StaleIndexError, build_line_index,
                          default_index_path, ensure_line_index)
 from .rank_sharded_dataset import RankShardedDataset
@@ -25,5 +28,6 @@ __all__ = [
     'ShardWindowSampler',
     'TarShardDataset', 'expand_shards', 'TarShardIndex',
     'build_tar_shard_index', 'default_tar_index_path',
-    'ensure_tar_shard_index', 'TarShardError'
+    'ensure_tar_shard_index', 'TarShardError', 'MDSShardDataset',
+    'MDSShardError', 'pack_image_list_mds'
 ]

@@ -15,8 +15,8 @@ from ..transforms.decode_target import warn_if_decode_too_small
 from ..utils.torch_internals import (dataset_initialized,
                                      mark_dataset_initialized)
 from .annotation_lines import AnnotationFormatError
-from .tar_shard_index import (default_tar_index_path, ensure_tar_shard_index,
-                              is_remote_shard)
+from .tar_shard_index import (TAR_FORMAT, ShardFormat, default_tar_index_path,
+                              ensure_tar_shard_index, is_remote_shard)
 from .tar_shard_scan import LABEL_EXT
 
 _RANGE = re.compile(r'\{(\d+)\.\.(\d+)\}')
@@ -44,13 +44,24 @@ def expand_shards(shards: Union[str, Sequence[str]],
             elif glob.has_magic(path):
                 found.extend(sorted(map(osp.abspath, glob.glob(path))))
             elif not path.endswith('.tar') and osp.isfile(path):
-                with open(path, encoding='utf-8') as lines:
-                    listed = [line.strip() for line in lines if line.strip()]
+                listed = _listed_shards(path)
                 found.extend(
                     expand_shards(listed, data_root or osp.dirname(path)))
             else:
                 found.append(osp.abspath(path))
     return found
+
+
+def _listed_shards(path: str) -> List[str]:
+    """The lines of a list file (a local file not named ``.tar``)."""
+    try:
+        with open(path, encoding='utf-8') as lines:
+            return [line.strip() for line in lines if line.strip()]
+    except UnicodeDecodeError as error:
+        raise ValueError(
+            f'{path}: a shard whose name does not end with .tar is read as '
+            f'a text file listing shards, and this is none ({error}); '
+            'name tar shards *.tar') from None
 
 
 def _expand_ranges(pattern: str) -> List[str]:
@@ -134,11 +145,11 @@ class TarShardDataset(BaseDataset):
                  **kwargs) -> None:
         if filter_cfg or indices is not None:
             raise ValueError(
-                'TarShardDataset supports neither filter_cfg nor indices: '
-                'both would read every sample; choose the samples when '
-                'packing the shards')
+                f'{type(self).__name__} supports neither filter_cfg nor '
+                'indices: both would read every sample; choose the samples '
+                'when packing the shards')
         if not shards:
-            raise ValueError('TarShardDataset needs shards')
+            raise ValueError(f'{type(self).__name__} needs shards')
         if ann_ext not in _ANN_EXTS:
             raise ValueError(f'ann_ext must be one of {_ANN_EXTS}, got '
                              f'{ann_ext!r}')
@@ -159,18 +170,28 @@ class TarShardDataset(BaseDataset):
         """Open (building if needed) the index; load nothing else."""
         if dataset_initialized(self):
             return
+        shards = self._shard_list()
+        exts = [self.image_ext] + ([self.ann_ext] if self.ann_ext else [])
+        shard_format = self._shard_format()
+        index_path = self.index_file or default_tar_index_path(
+            shards, exts, self.index_dir, shard_format)
+        self._index = ensure_tar_shard_index(shards, index_path, exts,
+                                             self.backend_args,
+                                             self.on_stale_index,
+                                             self.index_progress,
+                                             shard_format)
+        mark_dataset_initialized(self)
+
+    def _shard_list(self) -> List[str]:
+        """The shards, absolute paths or URLs, in sample order."""
         shards = expand_shards(self.shards, self.data_root)
         if not shards:
             raise FileNotFoundError(f'No shard matches {self.shards!r} '
                                     f'(data_root={self.data_root!r})')
-        exts = [self.image_ext] + ([self.ann_ext] if self.ann_ext else [])
-        index_path = self.index_file or default_tar_index_path(
-            shards, exts, self.index_dir)
-        self._index = ensure_tar_shard_index(shards, index_path, exts,
-                                             self.backend_args,
-                                             self.on_stale_index,
-                                             self.index_progress)
-        mark_dataset_initialized(self)
+        return shards
+
+    def _shard_format(self) -> ShardFormat:
+        return TAR_FORMAT
 
     def load_data_list(self) -> List[dict]:
         raise TypeError('TarShardDataset never loads its data list; use '

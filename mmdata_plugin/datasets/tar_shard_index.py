@@ -1,4 +1,6 @@
-"""A memory-mapped index of the samples of a list of WebDataset tar shards.
+"""A memory-mapped index of the samples of a list of packed shards:
+WebDataset tar shards, or MosaicML Streaming MDS shards (the scanner of
+:mod:`.mds_shard_scan`; see :class:`ShardFormat`).
 
 Built once (per node, the first process builds while the others wait on
 the line index's lock) by reading every shard front to back once: a local
@@ -36,7 +38,7 @@ import os
 import os.path as osp
 import re
 import time
-from typing import Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, NamedTuple, Optional, Sequence
 
 import numpy as np
 from mmengine.fileio import get_file_backend
@@ -58,6 +60,27 @@ _TRAILER = 16
 _BATCH = 1 << 16
 
 
+class ShardFormat(NamedTuple):
+    """How the samples of one shard are found while indexing.
+
+    Attributes:
+        kind: Named in messages (``'tar'``, ``'mds'``).
+        identity: Goes into the index's file name and header, so that an
+            index built for another format or another choice of columns is
+            never served (``'tar'`` for WebDataset shards).
+        scan: ``scan(path, name, exts, previous)`` yields the
+            :class:`~.tar_shard_scan.ShardSample` of the local shard file
+            ``path`` (``name``: its URL, for messages; ``previous``: the
+            ``(shard, key)`` of the sample before it).
+    """
+    kind: str
+    identity: str
+    scan: Callable
+
+
+TAR_FORMAT = ShardFormat('tar', 'tar', iter_shard_samples)
+
+
 def record_dtype(exts: Sequence[str]) -> np.dtype:
     """The dtype of one sample's record for extensions ``exts``."""
     fields = [('shard', '<u4'), ('offset', '<u8', (len(exts), )),
@@ -73,7 +96,8 @@ def is_remote_shard(shard: str) -> bool:
 
 def default_tar_index_path(shards: Sequence[str],
                            exts: Sequence[str],
-                           index_dir: Optional[str] = None) -> str:
+                           index_dir: Optional[str] = None,
+                           shard_format: ShardFormat = TAR_FORMAT) -> str:
     """Where the index of ``shards`` is read from, or built.
 
     Next to the first shard when every shard is local, no ``index_dir`` is
@@ -81,9 +105,13 @@ def default_tar_index_path(shards: Sequence[str],
     admin built it for a read-only data set); otherwise in
     :func:`~.line_index.private_index_folder` (``index_dir``,
     ``$MMDATA_INDEX_DIR`` or ``~/.cache/mmdata_plugin/line_index``). The
-    name holds a hash of the shard list and the extensions.
+    name holds a hash of the shard list, the extensions and the format
+    (tar indexes keep the names they had before formats).
     """
-    digest = hashlib.sha1('\n'.join([*shards, ','.join(exts)]).encode())
+    named = [*shards, ','.join(exts)]
+    if shard_format.identity != TAR_FORMAT.identity:
+        named.append(shard_format.identity)
+    digest = hashlib.sha1('\n'.join(named).encode())
     stem = re.sub(r'[^\w.-]', '_', shards[0].rstrip('/').rsplit('/', 1)[-1])
     name = f'{stem}.{digest.hexdigest()[:12]}{INDEX_SUFFIX}'
     private = osp.join(private_index_folder(index_dir), name)
@@ -91,7 +119,7 @@ def default_tar_index_path(shards: Sequence[str],
         return private
     beside = osp.join(osp.dirname(shards[0]), name)
     if folder_writable(osp.dirname(beside)) or tar_index_problem(
-            beside, shards, exts) is None:
+            beside, shards, exts, shard_format) is None:
         return beside
     return private
 
@@ -252,8 +280,11 @@ def local_fingerprint(path: str) -> Dict:
     return dict(size=stat.st_size, mtime_ns=stat.st_mtime_ns)
 
 
-def tar_index_problem(index_path: str, shards: Sequence[str],
-                      exts: Sequence[str]) -> Optional[str]:
+def tar_index_problem(
+        index_path: str,
+        shards: Sequence[str],
+        exts: Sequence[str],
+        shard_format: ShardFormat = TAR_FORMAT) -> Optional[str]:
     """Why ``index_path`` cannot serve ``shards`` now, or None if it can."""
     if not osp.exists(index_path):
         return 'missing'
@@ -261,6 +292,10 @@ def tar_index_problem(index_path: str, shards: Sequence[str],
         header = read_header(index_path)
     except StaleIndexError as error:
         return str(error)
+    built_as = header.get('format', TAR_FORMAT.identity)
+    if built_as != shard_format.identity:
+        return (f'it was built as {built_as!r}, not '
+                f'{shard_format.identity!r}')
     if header['exts'] != list(exts):
         return (f'it was built for the extensions {header["exts"]}, not '
                 f'{list(exts)}')
@@ -284,7 +319,9 @@ def ensure_tar_shard_index(shards: Sequence[str],
                            exts: Sequence[str],
                            backend_args: Optional[dict] = None,
                            on_stale: str = 'rebuild',
-                           progress: bool = True) -> TarShardIndex:
+                           progress: bool = True,
+                           shard_format: ShardFormat = TAR_FORMAT
+                           ) -> TarShardIndex:
     """Open the index of ``shards``, building it first if needed.
 
     Every process may call this at once: the first one on a node builds
@@ -299,12 +336,14 @@ def ensure_tar_shard_index(shards: Sequence[str],
         on_stale (str): ``'rebuild'`` an index whose shards changed, or
             ``'error'``: refuse it and stop.
         progress (bool): Show a progress bar while building.
+        shard_format (ShardFormat): How the shards are read (tar by
+            default).
     """
     if on_stale not in ('rebuild', 'error'):
         raise ValueError(
             f'on_stale_index must be "rebuild" or "error", got {on_stale!r}')
     with index_build_lock(index_path):
-        problem = tar_index_problem(index_path, shards, exts)
+        problem = tar_index_problem(index_path, shards, exts, shard_format)
         if problem is not None and problem != 'missing':
             if on_stale == 'error':
                 raise StaleIndexError(
@@ -316,7 +355,7 @@ def ensure_tar_shard_index(shards: Sequence[str],
         if problem is not None:
             remove_abandoned_builds(index_path)
             build_tar_shard_index(shards, index_path, exts, backend_args,
-                                  progress)
+                                  progress, shard_format)
     return TarShardIndex(index_path)
 
 
@@ -324,12 +363,14 @@ def build_tar_shard_index(shards: Sequence[str],
                           index_path: str,
                           exts: Sequence[str],
                           backend_args: Optional[dict] = None,
-                          progress: bool = True) -> Dict:
+                          progress: bool = True,
+                          shard_format: ShardFormat = TAR_FORMAT) -> Dict:
     """Read every shard once and write the index atomically.
 
     Raises:
-        TarShardError: A shard is no well-formed WebDataset tar, a key is
-            split across two shards, or there are no samples at all.
+        TarShardError: A shard is no well-formed WebDataset tar (or, by
+            its scanner, MDS shard), a key is split across two shards, or
+            there are no samples at all.
 
     Returns:
         dict: The header written, plus ``seconds``.
@@ -339,8 +380,11 @@ def build_tar_shard_index(shards: Sequence[str],
     tmp_path = build_tmp_path(index_path)
     parts = [tmp_path + suffix for suffix in ('.keys', '.key_ends')]
     writer = _RecordWriter(exts)
-    bar = ByteProgressBar(len(shards), f'indexing {len(shards)} tar shards',
-                          progress, unit='shards')
+    kind = shard_format.kind
+    bar = ByteProgressBar(len(shards),
+                          f'indexing {len(shards)} {kind} shards',
+                          progress,
+                          unit='shards')
     try:
         with open(tmp_path, 'wb') as out, open(parts[0], 'wb') as keys, \
                 open(parts[1], 'wb') as key_ends:
@@ -349,14 +393,16 @@ def build_tar_shard_index(shards: Sequence[str],
             for number, shard in enumerate(shards):
                 records.append(
                     _index_shard(number, shard, exts, backend_args,
-                                 tmp_path + '.shard', writer))
+                                 tmp_path + '.shard', writer,
+                                 shard_format.scan))
                 bar.update(number + 1)
             writer.flush()
         if writer.count == 0:
             raise TarShardError(
                 f'{len(shards)} shards ({shards[0]}, ...) hold no sample '
                 f'with the members {list(exts)}')
-        header = _assemble(tmp_path, parts, writer, exts, records)
+        header = _assemble(tmp_path, parts, writer, exts, records,
+                           shard_format.identity)
         os.replace(tmp_path, index_path)
     finally:
         for path in [tmp_path, tmp_path + '.shard', *parts]:
@@ -365,7 +411,7 @@ def build_tar_shard_index(shards: Sequence[str],
     bar.close()
     seconds = time.perf_counter() - start_time
     print_log(
-        f'Indexed {len(shards)} tar shards: {writer.count} samples in '
+        f'Indexed {len(shards)} {kind} shards: {writer.count} samples in '
         f'{seconds:.1f} s -> {index_path}',
         logger='current')
     return dict(header, seconds=seconds)
@@ -373,7 +419,7 @@ def build_tar_shard_index(shards: Sequence[str],
 
 def _index_shard(number: int, shard: str, exts: Sequence[str],
                  backend_args: Optional[dict], download_path: str,
-                 writer: '_RecordWriter') -> Dict:
+                 writer: '_RecordWriter', scan: Callable) -> Dict:
     """Write the records of one shard; return its header entry."""
     first = writer.count
     if is_remote_shard(shard):
@@ -389,13 +435,13 @@ def _index_shard(number: int, shard: str, exts: Sequence[str],
         entry = dict(url=shard, size=stat.size, etag=stat.etag)
         writer.add_shard(
             number, shard,
-            iter_shard_samples(download_path, shard, exts, writer.last))
+            scan(download_path, shard, exts, writer.last))
         os.remove(download_path)
     else:
         fingerprint = local_fingerprint(shard)
         writer.add_shard(
             number, shard,
-            iter_shard_samples(shard, shard, exts, writer.last))
+            scan(shard, shard, exts, writer.last))
         if local_fingerprint(shard) != fingerprint:
             raise StaleIndexError(f'{shard} changed while it was being '
                                   'indexed')
@@ -455,7 +501,8 @@ class _RecordWriter:
 
 
 def _assemble(tmp_path: str, parts: Sequence[str], writer: _RecordWriter,
-              exts: Sequence[str], shards: List[Dict]) -> Dict:
+              exts: Sequence[str], shards: List[Dict],
+              identity: str) -> Dict:
     """Append the keys, the header and the trailer to the records."""
     with open(tmp_path, 'r+b') as out:
         out.seek(0, os.SEEK_END)
@@ -471,6 +518,7 @@ def _assemble(tmp_path: str, parts: Sequence[str], writer: _RecordWriter,
                     out.write(chunk)
         header = dict(
             version=INDEX_VERSION,
+            format=identity,
             exts=list(exts),
             record_size=writer.dtype.itemsize,
             num_samples=writer.count,
