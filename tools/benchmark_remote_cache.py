@@ -1100,13 +1100,12 @@ def report_tar_shards(args) -> None:
 
 def report_tar(runs: dict, data_bytes: int, args) -> None:
     shards = int(args.shards.split('..')[1].split('}')[0]) + 1
-    uniform = shuffle_quality(
-        [
-            np.random.default_rng(0).permutation(args.samples).reshape(
-                -1, args.batch_size).tolist()
-        ] if args.samples % args.batch_size == 0 else [[
-            np.random.default_rng(0).permutation(args.samples).tolist()
-        ]], args.samples, args.tar_shards)
+    # The figures of a uniform permutation read in batches, for scale.
+    order = np.random.default_rng(0).permutation(args.samples).tolist()
+    uniform = shuffle_quality([[
+        order[i:i + args.batch_size]
+        for i in range(0, args.samples, args.batch_size)
+    ]], args.samples, args.tar_shards)
     print(f'\n{args.samples} samples, {data_bytes / 1e6:.0f} MB in {shards} '
           f'shards of {args.tar_shards} samples (tar; LitData chunks and MDS '
           f'shards of the same samples); remote: '
