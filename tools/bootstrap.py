@@ -173,6 +173,15 @@ def ensure_stack(constraints: str) -> None:
         pip_install(constraints, CV2_DISTRIBUTION)
 
 
+def no_deps_files(extras: str) -> list:
+    """The requirements files that ``extras`` (comma-separated) install
+    with ``--no-deps``, after the package and its extras."""
+    return [
+        NO_DEPS_EXTRAS[extra] for extra in extras.split(',')
+        if extra in NO_DEPS_EXTRAS
+    ]
+
+
 def changed(before: dict, after: dict) -> list:
     """Protected distributions whose version changed or that went away,
     and distributions added for a module that was already present."""
@@ -218,10 +227,8 @@ def main():
         ensure_stack(constraints)
         target = ROOT + (f'[{args.extras}]' if args.extras else '')
         pip_install(constraints, target)
-        for extra in args.extras.split(','):
-            if extra in NO_DEPS_EXTRAS:
-                pip_install(constraints, '--no-deps', '-r',
-                            NO_DEPS_EXTRAS[extra])
+        for requirements in no_deps_files(args.extras):
+            pip_install(constraints, '--no-deps', '-r', requirements)
     problems = changed(before, present_distributions())
     if problems:
         sys.exit('bootstrap: the install changed the stack it must keep:\n'
