@@ -75,6 +75,9 @@ if __name__ == '__main__':
             'mim': read_requirements('mim.txt'),
             's3': read_requirements('s3.txt'),
             'ray': read_requirements('ray.txt'),
+            # LitData and MosaicML Streaming themselves are installed
+            # with --no-deps by tools/bootstrap.py --extras bench.
+            'bench': read_requirements('bench.txt'),
         },
         zip_safe=False,
     )

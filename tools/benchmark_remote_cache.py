@@ -8,6 +8,13 @@
 #   python tools/benchmark_remote_cache.py --tar-shards 50
 #       # the same samples packed in tar shards, through the node cache
 #       # with each member its own range GET and with coalesced ones
+#   python tools/bootstrap.py --extras bench   # LitData + Mosaic, once
+#   python tools/benchmark_remote_cache.py --tar-shards 50 \
+#       --tar-orders window,global,litdata,mosaic --tar-coalesce on
+#       # side by side: the same samples as LitData chunks and MosaicML
+#       # Streaming MDS shards of the same samples each, read as s3:// from
+#       # the same remote at the same cache budget, with a shuffle-quality
+#       # figure for every order (see shuffle_quality)
 #
 # The data set (random, incompressible samples with their index in the
 # first 8 bytes, so every read is checked) is served by our loopback HTTP
@@ -22,7 +29,8 @@
 #   remote_http       our pooled, retried HTTP backend, no cache
 #   fsspec_simple     fsspec's simplecache:: in front of HTTP (no size
 #                     limit exists in fsspec: the budget is not applied)
-#   litdata, mosaic   reported, not run, when they would not install here
+#   litdata, mosaic   run over packed data only (--tar-shards; see
+#                     pack_litdata / pack_mds), else reported, not run
 #   ours@<b>%         our node cache at <b>% of the data set (see
 #                     ours_backend_args / ours_prefetch below)
 #
@@ -57,7 +65,6 @@ import sys
 import tempfile
 import threading
 import time
-from collections import Counter
 from typing import Optional, Sequence
 
 import numpy as np
@@ -73,6 +80,14 @@ HEADER_BYTES = 8
 # whose node cache coalesces neighbouring members.
 TAR_ORDERS = ('window', 'global')
 COALESCED = '+coalesced'
+# The other loaders of the packed runs, reading their own formats of the
+# same samples as s3:// objects of this bucket (a folder the loopback
+# server serves: an S3 GET of /<bucket>/<key> path-style is a GET of that
+# file), and the credentials boto3 signs with (the server checks none).
+PACKED_LOADERS = ('litdata', 'mosaic')
+S3_BUCKET = 'packed'
+S3_ENV = dict(AWS_ACCESS_KEY_ID='bench', AWS_SECRET_ACCESS_KEY='bench',
+              AWS_DEFAULT_REGION='us-east-1')
 
 
 def parse_args(argv=None):
@@ -97,9 +112,6 @@ def parse_args(argv=None):
     parser.add_argument('--time-box', type=float, default=120,
                         help='seconds per epoch that sizes the subset read '
                         'by readers without a planner')
-    parser.add_argument('--check-installable', action='store_true',
-                        help='run pip install --dry-run for litdata/mosaic '
-                        'when they are not installed (network or index)')
     parser.add_argument('--quick', action='store_true',
                         help='2000 samples, 25%% budget, batch size 16, '
                         '6 s time box, no fsspec')
@@ -156,7 +168,19 @@ def parse_args(argv=None):
     parser.add_argument(
         '--tar-orders', default='window,global', metavar='ORDER,...',
         help='window: ShardWindowSampler (--window-shards shards a window); '
-        'global: RankShardedSampler\'s global shuffle')
+        'global: RankShardedSampler\'s global shuffle; litdata: LitData\'s '
+        'StreamingDataset(shuffle=True) over optimize() chunks of '
+        '--tar-shards samples; mosaic: MosaicML Streaming\'s '
+        'StreamingDataset(shuffle=True) over MDS shards of --tar-shards '
+        'samples, with its default shuffle_block_size (4,000,000 / '
+        'num_canonical_nodes samples, at least 262,144: more than a small '
+        'data set, so its py1e shuffle spreads every shard over the whole '
+        'epoch); mosaic-bN: with shuffle_block_size=N (both loaders: '
+        'python tools/bootstrap.py --extras bench)')
+    parser.add_argument('--tar-coalesce', default='off,on',
+                        metavar='off,on',
+                        help='our tar runs with each member its own GET '
+                        '(off), coalesced (on) or both')
     parser.add_argument('--window-shards', type=int, default=4)
     parser.add_argument('--coalesce-max-gap', default='16KiB',
                         help='RemoteCachePrefetchHook(coalesce_max_gap=) '
@@ -174,6 +198,7 @@ def parse_args(argv=None):
     parser.add_argument('--reader', help=argparse.SUPPRESS)
     parser.add_argument('--subset', type=int, help=argparse.SUPPRESS)
     parser.add_argument('--shards', help=argparse.SUPPRESS)
+    parser.add_argument('--cache-limit', type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.quick:
         args.samples = min(args.samples, 2000)
@@ -331,7 +356,7 @@ class ReadSample:
         index = int(results.get('sample_key')
                     or osp.basename(results['img_path']).split('.')[0])
         ok = data[:HEADER_BYTES] == index.to_bytes(HEADER_BYTES, 'little')
-        return dict(nbytes=len(data), ok=ok)
+        return dict(index=index, nbytes=len(data), ok=ok)
 
 
 def reader_settings(name: str, args, work_dir: str) -> dict:
@@ -370,6 +395,11 @@ def reader_settings(name: str, args, work_dir: str) -> dict:
             root=url + 'tar/',
             reader=dict(backend_args=backend_args),
             subset=args.samples)
+    if name.startswith(PACKED_LOADERS):
+        # Their own format of the samples, as s3:// (pack_litdata/pack_mds).
+        return dict(root=args.packed_urls[name.split('@')[0].split('-')[0]],
+                    reader={},
+                    subset=args.samples)
     if name.startswith('ours@'):
         return dict(
             root=url,
@@ -394,11 +424,13 @@ def run_rank(args) -> None:
                                         RankShardedSampler,
                                         ShardWindowSampler)
     dist.init_process_group('gloo')
-    rank = dist.get_rank()
     TRANSFORMS.register_module(name='ReadSample', module=ReadSample,
                                force=True)
     reader = json.loads(args.reader)
     pipeline = [dict(type='ReadSample', **reader)]
+    if args.rank_run.startswith(PACKED_LOADERS):
+        run_epochs(args, packed_loader(args), None, contextlib.nullcontext())
+        return
     if args.shards:
         dataset = tar_dataset(args, args.root, pipeline)
     else:
@@ -422,7 +454,6 @@ def run_rank(args) -> None:
         num_workers=args.workers,
         persistent_workers=True,
         collate_fn=collate)
-    epochs = []
     context = ours_prefetch(
         dataset, sampler, reader.get('backend_args'), args.epochs,
         args.batch_size, args.workers,
@@ -431,13 +462,34 @@ def run_rank(args) -> None:
         if args.rank_run.endswith(COALESCED) else None, args.prefetch_reserve
     ) if args.rank_run.startswith(
                 ('ours@', ) + TAR_ORDERS) else contextlib.nullcontext()
+    run_epochs(args, loader, sampler, context)
+
+
+def run_epochs(args, loader, sampler, context) -> None:
+    """Read ``args.epochs`` epochs of ``loader`` on this rank and print
+    its ``RESULT`` line: per epoch the times, samples, wrong samples, batch
+    waits and the batches' sample indices in the order they came.
+
+    Args:
+        loader: Yields lists of ``dict(index=, ok=)`` (``ReadSample`` or
+            :func:`packed_item_check`).
+        sampler: Told each epoch (``set_epoch``); None for loaders that
+            count their epochs themselves (LitData, Mosaic).
+        context: Entered around the epochs; yields the cursor writer the
+            node cache's prefetcher follows, or None.
+    """
+    import torch.distributed as dist
+    rank = dist.get_rank()
+    epochs = []
     per_batch = args.batch_size * dist.get_world_size()
     with context as cursor:
         for epoch in range(args.epochs):
-            sampler.set_epoch(epoch)
+            if sampler is not None:
+                sampler.set_epoch(epoch)
             dist.barrier()
             start = time.time()
             waits, samples, wrong, cut = [], 0, 0, False
+            order = []
             batches = iter(loader)
             while True:
                 asked = time.perf_counter()
@@ -449,6 +501,7 @@ def run_rank(args) -> None:
                     cursor.publish(epoch, len(waits) * per_batch)
                 samples += len(batch)
                 wrong += sum(not item['ok'] for item in batch)
+                order.append([int(item['index']) for item in batch])
                 if time.time() - start > 3 * args.time_box:
                     cut = True
                     break
@@ -462,7 +515,8 @@ def run_rank(args) -> None:
                     samples=samples,
                     wrong=wrong,
                     cut=cut,
-                    waits=waits))
+                    waits=waits,
+                    order=order))
     print('RESULT ' + json.dumps(dict(rank=rank, epochs=epochs)), flush=True)
     dist.destroy_process_group()
 
@@ -493,8 +547,12 @@ def run_config(name: str, args, server, work_dir: str) -> dict:
 
     def watch():
         # Sample data on disk: published entries and downloads in flight
-        # (the ledger, counters and planner files are not sample bytes).
-        data = [osp.join(cache_dir, sub) for sub in ('entries', 'tmp')]
+        # (the ledger, counters and planner files are not sample bytes);
+        # LitData's and Mosaic's whole cache folders (chunks, shards and
+        # their partial downloads, a few small index and lock files).
+        data = [cache_dir] if name.startswith(PACKED_LOADERS) else [
+            osp.join(cache_dir, sub) for sub in ('entries', 'tmp')
+        ]
         while not done.is_set():
             if all(osp.isdir(path) for path in data):
                 peak[0] = max(peak[0], directory_bytes(*data))
@@ -514,14 +572,18 @@ def run_config(name: str, args, server, work_dir: str) -> dict:
             str(args.time_box), '--shards', args.shards or '',
             '--window-shards', str(args.window_shards),
             '--coalesce-max-gap', args.coalesce_max_gap,
-            '--coalesce-max-span', args.coalesce_max_span
+            '--coalesce-max-span', args.coalesce_max_span,
+            '--cache-limit', str(args.budget_bytes.get(name, 0))
         ] + (['--prefetch-reserve', args.prefetch_reserve]
              if args.prefetch_reserve else []),
         nproc=args.ranks)
+    # LitData and Mosaic read the loopback server as an S3 endpoint.
+    s3 = dict(S3_ENV, S3_ENDPOINT_URL=args.url.rstrip('/')) \
+        if name.startswith(PACKED_LOADERS) else {}
     try:
         out = run_command(
             cmd,
-            env=cpu_env(dict(PYTHONPATH=python_path(ROOT))),
+            env=cpu_env(dict(PYTHONPATH=python_path(ROOT), **s3)),
             timeout=args.epochs * args.time_box * 4 + 300).stdout
     finally:
         done.set()
@@ -587,53 +649,100 @@ def summarize(name, ranks, log, peak_disk, args) -> dict:
         end = max(p['end'] for p in parts)
         samples = sum(p['samples'] for p in parts)
         waits = [w for p in parts for w in p['waits']]
-        got = [(path, size) for t, path, size in log
+        # data objects and the packed formats' index.json
+        got = [(path, size, start) for t, path, size, start in log
                if bounds[e] <= t < bounds[e + 1]
-               and path.endswith(('.bin', '.tar'))]
-        per_path = Counter(path for path, _ in got)
+               and path.endswith(('.bin', '.tar', '.mds', '.json'))]
+        again, again_bytes = rereads(got)
         epochs.append(
             dict(
                 samples=samples,
                 samples_per_s=samples / max(end - starts[e], 1e-9),
                 p99_wait_ms=1e3 * float(np.percentile(waits, 99))
                 if waits else 0.0,
-                remote_mb=sum(size for _, size in got) / 1e6,
+                remote_mb=sum(size for _, size, _ in got) / 1e6,
                 downloads=len(got),
                 # every download is a miss of some reader
                 hit_rate=None if name == 'local' else max(
                     0.0, 1 - len(got) / max(samples, 1)),
-                # Every member GET of a shard is a download of its path.
-                duplicates=None if args.shards else sum(
-                    n - 1 for n in per_path.values() if n > 1),
+                duplicates=again,
+                duplicate_mb=again_bytes / 1e6,
                 wrong=sum(p['wrong'] for p in parts),
-                cut=any(p['cut'] for p in parts)))
+                cut=any(p['cut'] for p in parts),
+                **(shuffle_quality([p['order'] for p in parts], args.samples,
+                                   args.tar_shards) if args.shards else {})))
     return dict(name=name, epochs=epochs, peak_disk_mb=peak_disk / 1e6)
 
 
-def not_run_reason(name: str, check: bool) -> str:
-    """Why litdata/mosaic are not measured, or '' when they can be."""
-    if importlib.util.find_spec(IMPORT_NAMES[name]) is not None:
-        return 'installed, but no adapter in this harness yet'
-    if not check:
-        return ('not installed (pip install --dry-run ' + PIP_NAMES[name] +
-                ' pulls torch 2.14.1 + CUDA here: not installable)')
-    result = subprocess.run(
-        [
-            sys.executable, '-m', 'pip', 'install', '--dry-run',
-            PIP_NAMES[name]
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        timeout=300)
-    wanted = [
-        line for line in result.stdout.splitlines()
-        if line.startswith('Would install')
-    ]
-    torch = [w for w in ' '.join(wanted).split() if w.startswith('torch-')]
-    if torch:
-        return f'not installable here (pip would pull {torch[0]} + CUDA)'
-    return 'not installed (installs without another torch: add it)'
+def rereads(got: list) -> tuple:
+    """The GETs of an epoch that read bytes it had read already, and how
+    many such bytes: a whole file downloaded twice, or a range of a shard
+    overlapping one read before (a member GET twice, a coalesced span over
+    a member read alone).
+
+    Args:
+        got (list): ``(path, bytes, start)`` of the epoch's GETs in the
+            order they completed.
+    """
+    spans, count, total = {}, 0, 0
+    for path, size, start in got:
+        read = spans.setdefault(path, [])  # disjoint, sorted
+        end = start + size
+        overlap = sum(max(0, min(end, e) - max(start, s)) for s, e in read)
+        count += overlap > 0
+        total += overlap
+        merged = []
+        for s, e in sorted(read + [(start, end)]):
+            if merged and s <= merged[-1][1]:
+                merged[-1] = (merged[-1][0], max(merged[-1][1], e))
+            else:
+                merged.append((s, e))
+        spans[path] = merged
+    return count, total
+
+
+def shuffle_quality(orders: list, samples: int, per_shard: int) -> dict:
+    """How far the orders the ranks read are from uniform permutations.
+
+    Args:
+        orders (list): Per rank, its batches (lists of sample indices) in
+            the order they came.
+        samples (int): Samples in the data set.
+        per_shard (int): Samples per shard: every format of the benchmark
+            holds sample ``i`` in shard ``i // per_shard``.
+
+    Returns:
+        dict: ``spread``: the mean distance in the source of consecutive
+        samples (within a rank) over ``(samples + 1) / 3``, its
+        expectation in a uniform permutation (~1 uniform, ~0 in source
+        order); ``batch_shard_share``: the mean share of a batch drawn
+        from its most common shard (1 when every batch is one shard; a
+        uniform permutation's is near ``1 / batch`` when shards are many).
+    """
+    gaps, shares = [], []
+    for batches in orders:
+        order = np.array([i for batch in batches for i in batch], np.int64)
+        gaps.append(np.abs(np.diff(order)))
+        shares += [
+            np.bincount(np.asarray(batch) // per_shard).max() / len(batch)
+            for batch in batches if batch
+        ]
+    gaps = np.concatenate(gaps) if gaps else np.zeros(0)
+    return dict(
+        spread=float(gaps.mean()) / ((samples + 1) / 3) if len(gaps) else
+        float('nan'),
+        batch_shard_share=float(np.mean(shares)) if shares else
+        float('nan'))
+
+
+def not_run_reason(name: str) -> str:
+    """Why litdata/mosaic are not measured in a run."""
+    if importlib.util.find_spec(IMPORT_NAMES[name]) is None:
+        return (f'not installed ({PIP_NAMES[name]}: python tools/bootstrap.py'
+                ' --extras bench installs it without its declared '
+                'requirements, which would replace torch)')
+    return ('reads its own packed format: --tar-shards N --tar-orders '
+            f'...,{name}')
 
 
 def main():
@@ -674,7 +783,7 @@ def main():
         args.url = server.base_url
         for name in configs:
             if name in PIP_NAMES:
-                skipped[name] = not_run_reason(name, args.check_installable)
+                skipped[name] = not_run_reason(name)
                 continue
             if name == 'fsspec_simple' and not (
                     importlib.util.find_spec('fsspec')
@@ -769,20 +878,206 @@ def tar_dataset(args, root: str, pipeline=()):
         pipeline=list(pipeline))
 
 
+# ------------------------------------- LitData and MosaicML Streaming
+# Their own formats of the same samples, grouped as the tar shards are
+# (sample i in shard i // per_shard), read as s3:// from the same loopback
+# remote (boto3, the server as endpoint) at the same cache budget. Their
+# imports stay in these functions: the tool runs without them.
+def sample_files(data_dir: str) -> list:
+    """The data set's files, in sample order (``train.txt``)."""
+    with open(osp.join(data_dir, 'train.txt')) as f:
+        return [osp.join(data_dir, line.split()[0]) for line in f]
+
+
+def packed_sample(item: tuple) -> dict:
+    """One sample as LitData's ``optimize`` stores it (a module function:
+    its worker calls it by reference)."""
+    index, path = item
+    with open(path, 'rb') as f:
+        return dict(index=index, data=f.read())
+
+
+def pack_litdata(data_dir: str, per_shard: int) -> str:
+    """The data set as LitData chunks of ``per_shard`` samples, once per
+    shard size; their s3:// URL.
+
+    ``optimize(chunk_size=per_shard)`` with one worker, so chunk ``k``
+    holds samples ``k * per_shard`` on, as tar shard ``k`` does.
+    """
+    from litdata import optimize
+    name = f'litdata-{per_shard}'
+    out = osp.join(data_dir, S3_BUCKET, name)
+    if not osp.exists(out + '.done'):
+        shutil.rmtree(out, ignore_errors=True)
+        optimize(
+            fn=packed_sample,
+            inputs=list(enumerate(sample_files(data_dir))),
+            output_dir=out,
+            chunk_size=per_shard,
+            num_workers=1)
+        open(out + '.done', 'w').close()
+    return f's3://{S3_BUCKET}/{name}'
+
+
+def import_mosaic() -> dict:
+    """MosaicML Streaming's classes, from ``streaming.base`` alone.
+
+    ``streaming/__init__.py`` imports Mosaic's model-zoo data sets
+    (``streaming.vision``, ``.text``, ``.multimodal``: torchvision,
+    transformers) and ``streaming/base/__init__.py`` its
+    ``StreamingDataLoader`` (transformers); the bench extra installs
+    neither (torchvision is built for one torch). So the two packages are
+    entered as bare packages, their ``__init__`` not run, and the modules
+    the benchmark uses are imported from them, unchanged.
+    """
+    import types
+    for name in ('streaming', 'streaming.base'):
+        if name not in sys.modules:
+            spec = importlib.util.find_spec(name)
+            package = types.ModuleType(name)
+            package.__path__ = list(spec.submodule_search_locations)
+            package.__spec__ = spec
+            sys.modules[name] = package
+    dataset = importlib.import_module('streaming.base.dataset')
+    writer = importlib.import_module('streaming.base.format.mds.writer')
+    util = importlib.import_module('streaming.base.util')
+    return dict(StreamingDataset=dataset.StreamingDataset,
+                MDSWriter=writer.MDSWriter, merge_index=util.merge_index)
+
+
+def pack_mds(data_dir: str, per_shard: int) -> str:
+    """The data set as Mosaic MDS shards of ``per_shard`` samples, once per
+    shard size; their s3:// URL.
+
+    ``MDSWriter`` cuts shards by bytes (``size_limit``), so each shard is
+    written by a writer of its own into a folder of its own and Mosaic's
+    ``merge_index`` joins their indexes (its way for parallel writers):
+    shard ``k`` holds the samples of tar shard ``k``.
+    """
+    mosaic = import_mosaic()
+    name = f'mds-{per_shard}'
+    out = osp.join(data_dir, S3_BUCKET, name)
+    if not osp.exists(out + '.done'):
+        shutil.rmtree(out, ignore_errors=True)
+        files = sample_files(data_dir)
+        for first in range(0, len(files), per_shard):
+            with mosaic['MDSWriter'](
+                    out=osp.join(out, f'{first // per_shard:06d}'),
+                    columns=dict(index='int', data='bytes'),
+                    size_limit=(1 << 32) - 1) as writer:
+                for index in range(first, min(first + per_shard,
+                                              len(files))):
+                    writer.write(packed_sample((index, files[index])))
+        mosaic['merge_index'](out, keep_local=True)
+        open(out + '.done', 'w').close()
+    return f's3://{S3_BUCKET}/{name}'
+
+
+def packed_item_check(batch: list) -> list:
+    """The collate of the LitData and Mosaic runs: each sample's index and
+    whether its bytes carry that index (as ``ReadSample`` checks)."""
+    return [
+        dict(index=int(item['index']),
+             ok=bytes(item['data'][:HEADER_BYTES]) == int(
+                 item['index']).to_bytes(HEADER_BYTES, 'little'))
+        for item in batch
+    ]
+
+
+def litdata_loader(args):
+    """LitData's loader as its docs set it up: ``StreamingDataset`` with
+    ``shuffle=True`` (chunks in a seeded order per epoch, samples shuffled
+    within a chunk) and ``max_cache_size`` = the budget, read through its
+    ``StreamingDataLoader`` (which counts the epochs)."""
+    import litdata
+    dataset = litdata.StreamingDataset(
+        args.root,
+        cache_dir=osp.join(args.work_dir, 'cache'),
+        shuffle=True,
+        seed=0,
+        max_cache_size=args.cache_limit,
+        storage_options=dict(endpoint_url=os.environ['S3_ENDPOINT_URL']))
+    return litdata.StreamingDataLoader(
+        dataset,
+        batch_size=args.batch_size,
+        num_workers=args.workers,
+        collate_fn=packed_item_check)
+
+
+def mosaic_loader(args):
+    """Mosaic's ``StreamingDataset`` with ``shuffle=True`` (its default
+    ``py1e`` shuffle) and ``cache_limit`` = the budget, in a plain
+    ``DataLoader`` (its ``StreamingDataLoader`` only adds resumption);
+    the S3 endpoint comes from ``S3_ENDPOINT_URL``."""
+    from torch.utils.data import DataLoader
+    dataset = import_mosaic()['StreamingDataset'](
+        remote=args.root,
+        local=osp.join(args.work_dir, 'cache'),
+        shuffle=True,
+        shuffle_seed=0,
+        shuffle_block_size=mosaic_block_size(args.rank_run),
+        cache_limit=args.cache_limit,
+        batch_size=args.batch_size)
+    # Mosaic 0.13 keeps the boto3 client that fetched the index in this
+    # process; forked workers would share its keep-alive socket, and two
+    # processes reading one socket interleave bodies (shards corrupted on
+    # a plain-HTTP endpoint; TLS errors and retries on real S3). Dropped
+    # here as Mosaic drops it before a retry, so each worker opens its own.
+    for stream in dataset.streams:
+        stream._downloader.clean_up()
+    return DataLoader(
+        dataset,
+        batch_size=args.batch_size,
+        num_workers=args.workers,
+        persistent_workers=True,
+        collate_fn=packed_item_check)
+
+
+def mosaic_block_size(name: str) -> Optional[int]:
+    """``N`` of a ``mosaic-bN@...`` run, None (Mosaic's default) for
+    ``mosaic@...``."""
+    order = name.split('@')[0]
+    return int(order[len('mosaic-b'):]) if order.startswith('mosaic-b') \
+        else None
+
+
+def packed_loader(args):
+    if args.rank_run.startswith('litdata'):
+        return litdata_loader(args)
+    return mosaic_loader(args)
+
+
 def report_tar_shards(args) -> None:
     """Our node cache over tar shards, members one GET each against
-    coalesced, in each order; each config once per repeat, in turn."""
+    coalesced, in each order, and LitData and Mosaic over their formats
+    of the same samples; each config once per repeat, in turn."""
     data_dir, data_bytes = prepare_dataset(args)
     args.shards = pack_tar_shards(data_dir, args.tar_shards)
     budgets = [float(b) for b in args.budgets.split(',') if b]
+    suffixes = [{'off': '', 'on': COALESCED}[c]
+                for c in args.tar_coalesce.split(',')]
+    orders, skipped = [], {}
+    for order in args.tar_orders.split(','):
+        loader = order.split('-')[0]
+        if loader in PACKED_LOADERS and \
+                importlib.util.find_spec(IMPORT_NAMES[loader]) is None:
+            skipped[order] = not_run_reason(loader)
+        else:
+            orders.append(order)
     names = [
-        f'{order}@{budget:g}%{suffix}'
-        for order in args.tar_orders.split(',') for budget in budgets
-        for suffix in ('', COALESCED)
+        f'{order}@{budget:g}%{suffix}' for order in orders
+        for budget in budgets
+        for suffix in (suffixes if order in TAR_ORDERS else ('', ))
     ]
     args.budget_bytes = {
         name: int(data_bytes * float(name.split('@')[1].split('%')[0]) / 100)
         for name in names
+    }
+    packers = dict(litdata=pack_litdata, mosaic=pack_mds)
+    args.packed_urls = {
+        loader: packers[loader](data_dir, args.tar_shards)
+        for loader in PACKED_LOADERS
+        if any(order.startswith(loader) for order in orders)
     }
     runs = {name: [] for name in names}
     with bench_server(data_dir, args) as server:
@@ -796,48 +1091,71 @@ def report_tar_shards(args) -> None:
                 runs[name].append(
                     run_config(name, args, server, args.work_dir))
     report_tar(runs, data_bytes, args)
+    for order, reason in skipped.items():
+        print(f'{order:<26} {reason}')
     with open(osp.join(args.work_dir, 'results_tar.json'), 'w') as f:
-        json.dump(dict(runs=runs, data_bytes=data_bytes), f, indent=1)
+        json.dump(dict(runs=runs, skipped=skipped, data_bytes=data_bytes),
+                  f, indent=1)
 
 
 def report_tar(runs: dict, data_bytes: int, args) -> None:
     shards = int(args.shards.split('..')[1].split('}')[0]) + 1
+    # The figures of a uniform permutation read in batches, for scale.
+    order = np.random.default_rng(0).permutation(args.samples).tolist()
+    uniform = shuffle_quality([[
+        order[i:i + args.batch_size]
+        for i in range(0, args.samples, args.batch_size)
+    ]], args.samples, args.tar_shards)
     print(f'\n{args.samples} samples, {data_bytes / 1e6:.0f} MB in {shards} '
-          f'tar shards of {args.tar_shards} samples; remote: '
+          f'shards of {args.tar_shards} samples (tar; LitData chunks and MDS '
+          f'shards of the same samples); remote: '
           f'{args.latency * 1e3:g} ms/request, {args.bandwidth:g} MB/s cap; '
           f'{args.ranks} ranks x {args.workers} workers, batch '
           f'{args.batch_size}; window = ShardWindowSampler('
           f'window_shards={args.window_shards}), global = RankShardedSampler;'
           f' coalesced: max_gap {args.coalesce_max_gap}, max_span '
-          f'{args.coalesce_max_span}; medians of {args.repeats} runs. GETs '
-          'and MB: what the server '
-          'sent in the epoch; MB/opt: over Belady\'s bytes at the budget.')
-    header = (f'{"config":<26}{"ep":>3}{"samples/s":>11}{"GETs":>8}'
-              f'{"MB":>9}{"MB/opt":>8}{"reserve MB":>11}'
-              f'{"disk/budget":>12}{"wrong":>6}')
+          f'{args.coalesce_max_span}; litdata = LitData StreamingDataset('
+          'shuffle=True), mosaic = Mosaic StreamingDataset(shuffle=True, '
+          'py1e; -bN: shuffle_block_size=N); medians of '
+          f'{args.repeats} runs. GETs and MB: what the server sent in the '
+          'epoch; dup: GETs re-reading bytes read before in the epoch, and '
+          'those MB; MB/opt: over Belady\'s bytes at the budget (ours); '
+          'spread: mean source distance of consecutive samples over a '
+          'uniform permutation\'s; 1-shard: mean share of a batch from its '
+          f'most common shard (a uniform permutation: spread '
+          f'{uniform["spread"]:.2f}, 1-shard '
+          f'{uniform["batch_shard_share"]:.2f}).')
+    header = (f'{"config":<26}{"ep":>3}{"samples/s":>11}{"GETs":>7}'
+              f'{"MB":>8}{"dup":>5}{"dup MB":>8}{"MB/opt":>7}'
+              f'{"reserve MB":>11}{"disk/budget":>12}{"spread":>7}'
+              f'{"1-shard":>8}{"wrong":>6}')
     print(header)
     print('-' * len(header))
     for name, results in runs.items():
         budget = args.budget_bytes[name]
         for e in range(args.epochs):
             epochs = [result['epochs'][e] for result in results]
-            optimum = [
-                result['offline']['belady_bypass'][e]['remote_mb']
-                for result in results
-            ]
-            over = np.median([
-                epoch['remote_mb'] / max(best, 1e-9)
-                for epoch, best in zip(epochs, optimum)
-            ])
+
+            def median(key):
+                return np.median([x[key] for x in epochs])
+
+            over = '-'
+            if 'offline' in results[0]:
+                over = '%.2f' % np.median([
+                    epoch['remote_mb'] /
+                    max(r['offline']['belady_bypass'][e]['remote_mb'], 1e-9)
+                    for epoch, r in zip(epochs, results)
+                ])
+            reserve = ('%.1f' % (np.median([r['reserve'] for r in results]) /
+                                 1e6) if 'reserve' in results[0] else '-')
             disk = max(r['peak_disk_mb'] for r in results) * 1e6 / budget
-            reserve = np.median([r['reserve'] for r in results]) / 1e6
-            rate = np.median([x['samples_per_s'] for x in epochs])
-            gets = np.median([x['downloads'] for x in epochs])
-            mb = np.median([x['remote_mb'] for x in epochs])
-            once = (f'{reserve:>11.1f}{disk:>12.2f}' if e == 0 else
-                    f'{"":>23}')
-            print(f'{name if e == 0 else "":<26}{e + 1:>3}{rate:>11.0f}'
-                  f'{gets:>8.0f}{mb:>9.1f}{over:>8.2f}{once}'
+            once = (f'{reserve:>11}{disk:>12.2f}' if e == 0 else f'{"":>23}')
+            print(f'{name if e == 0 else "":<26}{e + 1:>3}'
+                  f'{median("samples_per_s"):>11.0f}'
+                  f'{median("downloads"):>7.0f}{median("remote_mb"):>8.1f}'
+                  f'{median("duplicates"):>5.0f}{median("duplicate_mb"):>8.1f}'
+                  f'{over:>7}{once}{median("spread"):>7.2f}'
+                  f'{median("batch_shard_share"):>8.2f}'
                   f'{sum(x["wrong"] for x in epochs):>6}')
 
 

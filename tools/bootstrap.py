@@ -21,6 +21,12 @@
 # built for numpy 1 under a torch built for numpy 1) instead of upgrading
 # them; afterwards those versions are compared, and any change is an error.
 #
+# `--extras bench` adds LitData and MosaicML Streaming for the benchmark's
+# side-by-side: their light imports (requirements/bench.txt) as an extra,
+# the two packages with --no-deps (requirements/bench-no-deps.txt), since
+# their declared requirements would pull another torch with CUDA,
+# torchvision, transformers and cloud SDKs that their readers never import.
+#
 # The package is installed as a regular (non-editable) install: `mim train`
 # looks for tools/ and configs/ in <site-packages>/mmdata_plugin/.mim,
 # which an editable install does not have.
@@ -40,6 +46,10 @@ MMENGINE_REQUIREMENT = 'mmengine>=0.10.3,<0.11'
 MMCV_LITE_PIN = 'mmcv-lite==2.2.0'
 CV2_DISTRIBUTION = 'opencv-python'
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+# Extras whose packages are installed without their declared requirements
+# (the extra itself names the ones they import): extra -> requirements file.
+NO_DEPS_EXTRAS = dict(
+    bench=osp.join(ROOT, 'requirements', 'bench-no-deps.txt'))
 # Distributions besides those of supported_stack.MODULE_DISTRIBUTIONS
 # whose version an install must never change: they are built for one torch.
 PINNED_ALSO = ('torchvision', 'torchaudio', 'triton', 'mmdet',
@@ -163,6 +173,15 @@ def ensure_stack(constraints: str) -> None:
         pip_install(constraints, CV2_DISTRIBUTION)
 
 
+def no_deps_files(extras: str) -> list:
+    """The requirements files that ``extras`` (comma-separated) install
+    with ``--no-deps``, after the package and its extras."""
+    return [
+        NO_DEPS_EXTRAS[extra] for extra in extras.split(',')
+        if extra in NO_DEPS_EXTRAS
+    ]
+
+
 def changed(before: dict, after: dict) -> list:
     """Protected distributions whose version changed or that went away,
     and distributions added for a module that was already present."""
@@ -196,7 +215,10 @@ def main():
     parser.add_argument(
         '--extras',
         default='',
-        help='comma-separated extras of the package, e.g. tests,mim')
+        help='comma-separated extras of the package, e.g. tests,mim; '
+        'bench: LitData and MosaicML Streaming for '
+        'tools/benchmark_remote_cache.py (without their declared '
+        'requirements)')
     args = parser.parse_args()
     refuse_present_unsupported()
     before = present_distributions()
@@ -205,6 +227,8 @@ def main():
         ensure_stack(constraints)
         target = ROOT + (f'[{args.extras}]' if args.extras else '')
         pip_install(constraints, target)
+        for requirements in no_deps_files(args.extras):
+            pip_install(constraints, '--no-deps', '-r', requirements)
     problems = changed(before, present_distributions())
     if problems:
         sys.exit('bootstrap: the install changed the stack it must keep:\n'

@@ -375,7 +375,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                     owner.bucket.consume(n, owner._stop)
                 chunk = read(start + sent, n)
                 sent += n
-                owner._count_body(key, n, full_length,
+                owner._count_body(key, n, full_length, start,
                                   complete=sent == full_length)
                 self.wfile.write(chunk)
         except (BrokenPipeError, ConnectionResetError):
@@ -462,9 +462,11 @@ class LoopbackHTTPServer:
         max_lifetime (float): Seconds after which the server stops by
             itself, a bound for runs that forget to stop it. Default: 3600.
         port (int): Port on 127.0.0.1; 0 (default) picks a free one.
-        log_downloads (bool): Keep ``(time.time(), path, bytes)`` of every
-            complete GET body (:meth:`download_log`), to split counts by
-            period (e.g. per epoch). Default: False.
+        log_downloads (bool): Keep ``(time.time(), path, bytes, start)``
+            of every complete GET body (:meth:`download_log`; ``start``:
+            its first byte in the object, non-zero for a range), to split
+            counts by period (e.g. per epoch) and find bytes sent twice.
+            Default: False.
 
     Example:
         >>> with LoopbackHTTPServer({'a.bin': b'xyz'}, latency=0.05) as srv:
@@ -584,7 +586,8 @@ class LoopbackHTTPServer:
                 self._log = []
 
     def download_log(self) -> list:
-        """``[(time.time(), path, bytes), ...]`` of complete GET bodies."""
+        """``[(time.time(), path, bytes, start), ...]`` of complete GET
+        bodies (``start``: the body's first byte in the object)."""
         if self._log is None:
             raise RuntimeError('start the server with log_downloads=True')
         with self._lock:
@@ -612,7 +615,7 @@ class LoopbackHTTPServer:
             self._stats.faults[kind] += 1
 
     def _count_body(self, key: str, nbytes: int, body_size: int,
-                    complete: bool) -> None:
+                    start: int, complete: bool) -> None:
         with self._lock:
             self._stats.bytes_sent += nbytes
             self._stats.bytes_per_path[key] += nbytes
@@ -620,7 +623,7 @@ class LoopbackHTTPServer:
                 self._stats.downloads[key] += 1
                 if self._log is not None:
                     self._log.append(
-                        (time.time(), key, body_size))
+                        (time.time(), key, body_size, start))
 
     def _enter(self) -> None:
         with self._lock:

@@ -1,6 +1,9 @@
 """tools/benchmark_remote_cache.py end to end, shrunk to seconds."""
+import importlib.util
 import json
 
+import numpy as np
+import pytest
 from helpers import REPO_ROOT, load_tool
 
 from mmdata_plugin.testing import cpu_env, python_path, run_script
@@ -8,7 +11,7 @@ from mmdata_plugin.testing import cpu_env, python_path, run_script
 
 def test_harness_measures_remote_readers(tmp_path):
     # Two measured configurations (each costs a torchrun start) and one
-    # reported as not installable.
+    # reported, not run (LitData reads packed data only, when installed).
     out = run_script(f'{REPO_ROOT}/tools/benchmark_remote_cache.py', [
         '--samples', '120', '--sample-kb', '4', '--latency', '0.01',
         '--epochs', '2', '--workers', '1', '--batch-size', '8',
@@ -67,6 +70,74 @@ def test_tar_shards_are_read_per_member_and_coalesced(tmp_path):
     # Nothing on disk at the start: each member a GET of its own.
     assert runs['window@50%'][0]['epochs'][0]['downloads'] >= 120
     assert '\nwindow@50%+coalesced' in out and 'GETs' in out
+    # Every run gets the shuffle figures (here one window holds the 4
+    # shards: a batch of 8 has at least 2 from one shard).
+    (window, ) = runs['window@50%+coalesced']
+    for epoch in window['epochs']:
+        assert 0.25 <= epoch['batch_shard_share'] <= 1
+        assert 0 < epoch['spread'] < 1.5
+    assert 'spread' in out and '1-shard' in out
+
+
+def test_shuffle_quality_of_known_orders():
+    tool = load_tool('benchmark_remote_cache')
+    samples, per_shard = 12000, 100
+    # The source order: neighbours 1 apart, every batch of 20 from one
+    # shard.
+    source = np.arange(samples).reshape(-1, 20).tolist()
+    quality = tool.shuffle_quality([source], samples, per_shard)
+    assert quality['spread'] == pytest.approx(3 / (samples + 1))
+    assert quality['batch_shard_share'] == 1.0
+    # A uniform permutation: spread ~1; 20 draws from 120 shards rarely
+    # share one (mean top share ~0.09).
+    shuffled = np.random.default_rng(0).permutation(samples)
+    quality = tool.shuffle_quality([shuffled.reshape(-1, 20).tolist()],
+                                   samples, per_shard)
+    assert quality['spread'] == pytest.approx(1.0, abs=0.03)
+    assert 0.05 < quality['batch_shard_share'] < 0.15
+    # Two ranks: pairs within a rank only; batches of any size.
+    quality = tool.shuffle_quality([[[0, 2], [4]], [[10, 11, 12]]], 30, 10)
+    assert quality['spread'] == pytest.approx((2 + 2 + 1 + 1) / 4 / (31 / 3))
+    assert quality['batch_shard_share'] == pytest.approx((1 + 1 + 1) / 3)
+
+
+def test_rereads_count_bytes_read_again_within_an_epoch():
+    rereads = load_tool('benchmark_remote_cache').rereads
+    # Whole files: the second download of a is one re-read of its bytes.
+    assert rereads([('a', 100, 0), ('b', 50, 0), ('a', 100, 0)]) == (1, 100)
+    # Ranges of one shard: disjoint reads are no re-read; a coalesced span
+    # over two members read before re-reads both, once each byte.
+    got = [('s', 10, 0), ('s', 10, 20), ('s', 30, 0), ('s', 10, 40)]
+    assert rereads(got) == (1, 20)
+    # Another path's bytes are its own.
+    assert rereads([('s', 10, 0), ('t', 10, 0)]) == (0, 0)
+
+
+@pytest.mark.skipif(
+    not (importlib.util.find_spec('litdata')
+         and importlib.util.find_spec('streaming')),
+    reason='LitData and MosaicML Streaming are not installed (python '
+    'tools/bootstrap.py --extras bench; not in the tests extra)')
+def test_litdata_and_mosaic_read_the_same_samples(tmp_path):
+    out = run_script(f'{REPO_ROOT}/tools/benchmark_remote_cache.py', [
+        '--tar-shards', '10', '--samples', '120', '--sample-kb', '4',
+        '--latency', '0.01', '--epochs', '2', '--workers', '1', '--ranks',
+        '1', '--batch-size', '8', '--budgets', '50', '--repeats', '1',
+        '--tar-orders', 'litdata,mosaic-b20', '--work-dir',
+        str(tmp_path)
+    ],
+                      env=cpu_env(dict(PYTHONPATH=python_path(REPO_ROOT))),
+                      timeout=600).stdout
+    runs = json.loads((tmp_path / 'results_tar.json').read_text())['runs']
+    assert set(runs) == {'litdata@50%', 'mosaic-b20@50%'}
+    for name, (result, ) in runs.items():
+        for epoch in result['epochs']:
+            # Every sample once an epoch, each its own bytes.
+            assert (epoch['samples'], epoch['wrong']) == (120, 0), name
+            assert 0 < epoch['spread'] < 1 and epoch['downloads'] > 0
+        # Whole chunks / shards of 10 samples: a batch from few of them.
+        assert result['epochs'][0]['batch_shard_share'] > 0.3, name
+    assert '\nlitdata@50%' in out and '\nmosaic-b20@50%' in out
 
 
 def test_planner_scale_is_measured_against_belady():

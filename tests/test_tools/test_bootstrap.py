@@ -1,6 +1,7 @@
 """tools/bootstrap.py says what configs/downstream/ need where setuptools
 has no pkg_resources (81 and later)."""
 import importlib.util
+import re
 
 from helpers import load_tool
 
@@ -64,3 +65,25 @@ def test_a_requirement_whose_module_is_present_is_left_out(monkeypatch):
         'addict', 'opencv-python >=3']
     present.add('cv2')
     assert bootstrap.requirements_of('mmcv-lite') == ['addict']
+
+
+def test_the_bench_extra_adds_litdata_and_mosaic_without_their_requirements():
+    # Their declared requirements pull another torch (CUDA), torchvision
+    # and transformers: the two are installed --no-deps, and the extra
+    # names only light imports, nothing of the stack.
+    bootstrap = load_tool('bootstrap')
+    assert bootstrap.no_deps_files('tests,mim') == []
+    (no_deps, ) = bootstrap.no_deps_files('tests,bench')
+
+    def names(path):
+        with open(path) as f:
+            lines = [line.split('#')[0].strip() for line in f]
+        return [
+            bootstrap.canonical(re.match(r'[A-Za-z0-9._-]+', line).group(0))
+            for line in lines if line
+        ]
+
+    assert names(no_deps) == ['litdata', 'mosaicml-streaming']
+    light = names(no_deps.replace('bench-no-deps.txt', 'bench.txt'))
+    assert light and not any(bootstrap.protected(name) for name in light)
+    assert not {'torchvision', 'transformers'} & set(light)
