@@ -177,7 +177,10 @@ class TarShardIndex:
                 mode='r',
                 offset=header['keys_offset'],
                 shape=(header['keys_size'], ))
-            self._arrays = (records, key_ends, keys)
+            # Plain ndarray views of the maps: indexing a np.memmap makes
+            # a memmap of every element (4-5x the cost of a record).
+            self._arrays = tuple(
+                array.view(np.ndarray) for array in (records, key_ends, keys))
         return self._arrays
 
     def member_path(self, sample: int, ext: str) -> str:

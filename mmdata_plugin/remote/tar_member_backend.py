@@ -19,6 +19,7 @@ changed since is refused at the read instead of served::
 
 Example: ``tarmember://1536+2048+10240+%22d41d8%22/s3%3A//bucket/a.tar``.
 """
+import functools
 import io
 import os
 from typing import NamedTuple, Optional, Union
@@ -83,7 +84,13 @@ def parse_member_path(path: Union[str, os.PathLike]) -> MemberSpan:
     Raises:
         MemberPathError: ``path`` does not have the form of the module doc.
     """
-    path = str(path)
+    return _parse_member_path(str(path))
+
+
+# The node prefetcher parses a member's path several times while it plans,
+# groups and cuts it (~3 us each, two unquotes).
+@functools.lru_cache(maxsize=1 << 14)
+def _parse_member_path(path: str) -> MemberSpan:
     head, slash, shard = path[len(_SCHEME):].partition('/')
     fields = head.split('+')
     if (not path.startswith(_SCHEME) or not slash or not shard

@@ -71,7 +71,8 @@ def test_local_index_reads_every_member_exactly(tmp_path, fmt):
     shards, expected = write_shards(tmp_path, fmt=fmt)
     path = str(tmp_path / 'train.taridx')
     index = ensure_tar_shard_index(shards, path, EXTS, progress=False)
-    assert isinstance(index.records, np.memmap)
+    # A view of the mapped file, no copy in memory.
+    assert isinstance(index.records.base, np.memmap)
     # 4 B shard + 2 x (8 B offset + 8 B size) + 8 B label
     assert index.records.dtype.itemsize == 44
     check_every_member(index, expected)
