@@ -27,7 +27,8 @@ import sqlite3
 import threading
 import time
 import weakref
-from typing import Dict, Iterator, List, NamedTuple, Optional, Tuple
+from typing import (Dict, Iterator, List, NamedTuple, Optional, Sequence,
+                    Tuple)
 
 # No SQLite connection may cross a fork. SQLite keeps per-process state for
 # every open database file (the POSIX locks it believes it holds, the WAL
@@ -44,6 +45,9 @@ from typing import Dict, Iterator, List, NamedTuple, Optional, Tuple
 _LEDGERS: 'weakref.WeakSet[StoreLedger]' = weakref.WeakSet()
 _INHERITED: list = []
 _FORK_LOCK_SECONDS = 60
+#: Digests per ``IN (...)`` statement (SQLite allows 999 variables in old
+#: builds).
+_IN_CHUNK = 500
 #: What the WAL is cut back to once a checkpoint has emptied it. SQLite's
 #: checkpoint every 1000 pages keeps it at about 4 MB, but a reader holding
 #: a snapshot during a burst of writes lets it grow, and SQLite reuses a WAL
@@ -333,6 +337,20 @@ class StoreLedger:
         rows = self._rows('SELECT * FROM entries WHERE digest=?', (digest, ))
         return EntryRow(*rows[0]) if rows else None
 
+    def entries_of(self, digests: Sequence[str]) -> Dict[str, EntryRow]:
+        """The entries of ``digests`` that exist, by digest (one statement
+        per ``_IN_CHUNK`` digests)."""
+        found = {}
+        for first in range(0, len(digests), _IN_CHUNK):
+            chunk = digests[first:first + _IN_CHUNK]
+            marks = ','.join('?' * len(chunk))
+            for row in self._rows(
+                    f'SELECT * FROM entries WHERE digest IN ({marks})',
+                    tuple(chunk)):
+                entry = EntryRow(*row)
+                found[entry.digest] = entry
+        return found
+
     def entries(self, namespace: Optional[str] = None,
                 by_access: bool = False) -> Iterator[EntryRow]:
         query = 'SELECT * FROM entries'
@@ -391,6 +409,22 @@ class StoreLedger:
                 return 0
             self.add_committed(-row.size)
             return row.size
+
+    def delete_entries(self, rows: Sequence[EntryRow]) -> int:
+        """Delete the entries ``rows``, read in this transaction (so all of
+        them exist: nobody else writes in it); their total size."""
+        with self._ledger_lock:
+            deleted = self.connection.executemany(
+                'DELETE FROM entries WHERE digest=?',
+                [(row.digest, ) for row in rows]).rowcount
+            if deleted != len(rows):
+                raise RuntimeError(
+                    f'{self.path}: {len(rows) - deleted} of {len(rows)} '
+                    'entries read in this transaction were gone')
+            total = sum(row.size for row in rows)
+            if total:
+                self.add_committed(-total)
+            return total
 
     def touch(self, accesses: Dict[str, float]) -> None:
         with self._ledger_lock:

@@ -549,3 +549,23 @@ def test_fork_while_threads_use_the_store(tmp_path):
     assert check.execute('PRAGMA integrity_check').fetchone()[0] == 'ok'
     check.close()
     assert _store_files_bytes(cache_dir) <= limit
+
+
+def test_evict_many_frees_each_key_once_in_one_transaction(tmp_path):
+    store = NodeStore(str(tmp_path / 'store'), 10_000)
+    for key, size in (('a', 300), ('b', 500), ('c', 700)):
+        store.publish_bytes('ns', key, b'x' * size)
+    # A file on disk the ledger does not account for goes, uncounted.
+    stray = store.entry_path('ns', 'stray')
+    os.makedirs(osp.dirname(stray), exist_ok=True)
+    with open(stray, 'wb') as file:
+        file.write(b'y' * 50)
+    freed = store.evict_many('ns', ['a', 'missing', 'a', 'c', 'stray'])
+    assert freed == [300, 0, 0, 700, 0]
+    assert store.usage().committed_bytes == 500
+    assert [row.key for row in store.entries('ns')] == ['b']
+    assert not any(
+        osp.exists(store.entry_path('ns', key)) for key in 'ac') and \
+        not osp.exists(stray)
+    assert store.counters()['ns']['evicted_entries'] == 2
+    assert store.counters()['ns']['evicted_bytes'] == 1000
