@@ -1132,14 +1132,6 @@ def one_node_belady_state(stream, capacity: int, tick: int) -> tuple:
             np.concatenate(untils + [soonest]))
 
 
-def _kept_set_bytes(cache) -> int:
-    """Bytes of a BeladyCache's kept set: its arrays, its front and the
-    heap past it (tuple, two ints and a list slot an entry)."""
-    arrays = (cache._until, cache._size, cache._front_until,
-              cache._front_sample)
-    return sum(array.nbytes for array in arrays) + 128 * len(cache._late)
-
-
 def planner_window(samples: int, ticks: int,
                    centres: Sequence[float] = (1 / 8, 1 / 4, 3 / 8),
                    share: float = 0.25, seed: int = 0) -> dict:
@@ -1170,7 +1162,7 @@ def planner_window(samples: int, ticks: int,
         began = time.perf_counter()
         hits += int(planner.hits(first + width).sum())
         seconds += time.perf_counter() - began
-        kept_bytes = max(kept_bytes, _kept_set_bytes(planner.cache))
+        kept_bytes = max(kept_bytes, planner.cache.nbytes)
         within = first - 2 * epoch_ticks
         belady += int(np.clip(capacity - within, 0, width))
         done += width
