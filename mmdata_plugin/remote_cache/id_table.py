@@ -6,8 +6,8 @@ indexed by sample id cost bytes for every id of the data set, and a dict
 of Python ints ~100 bytes an entry. :class:`IdTable` stores its rows
 densely (row ``r`` in ``keys[r]`` and each column's ``[r]``) and finds a
 key's row in an open-addressing index of int32 rows (linear probing, at
-most half full), so a row costs its columns, its key (8 bytes) and 8-16
-bytes of index, whatever the ids.
+most three quarters full), so a row costs its columns, its key (8 bytes)
+and 5-11 bytes of index, whatever the ids.
 """
 from typing import Dict
 
@@ -20,6 +20,10 @@ _GOLDEN = 0x9E3779B97F4A7C15
 _MASK64 = (1 << 64) - 1
 #: Fewest index entries and rows (the table of an empty plan).
 _MIN_BITS = 10
+#: Most rows an index of ``size`` entries holds, as ``(rows, size)``: at
+#: three quarters full a probe looks at ~2.5 entries (8.5 for a missing
+#: key), and the index costs 5-11 bytes a row once doubled.
+_FULL = (3, 4)
 
 
 class IdTable:
@@ -85,7 +89,7 @@ class IdTable:
 
     def insert(self, key: int) -> int:
         """A new row for ``key`` (which has none); its row number."""
-        if 2 * (self._count + 1) > len(self._index):
+        if self._too_full(self._count + 1, len(self._index)):
             self._reindex(2 * len(self._index))
         if self._count == len(self.keys):
             self._grow_rows(self._count + 1)
@@ -155,9 +159,9 @@ class IdTable:
         their rows."""
         keys = np.asarray(keys, np.int64)
         count = self._count + len(keys)
-        if 2 * count > len(self._index):
+        if self._too_full(count, len(self._index)):
             size = len(self._index)
-            while 2 * count > size:
+            while self._too_full(count, size):
                 size *= 2
             self._reindex(size)
         if count > len(self.keys):
@@ -182,6 +186,10 @@ class IdTable:
             placed[free[first]] = True
             rows, spots = rows[~placed], (spots[~placed] + 1) & mask
 
+    @staticmethod
+    def _too_full(rows: int, size: int) -> bool:
+        return rows * _FULL[1] > size * _FULL[0]
+
     def _reindex(self, size: int) -> None:
         self._index = np.full(size, _EMPTY, np.int32)
         self._shift = 64 - (size.bit_length() - 1)
@@ -190,6 +198,13 @@ class IdTable:
     def _grow_rows(self, count: int) -> None:
         # By a quarter: a row costs its bytes, not twice them.
         length = max(count, len(self.keys) + len(self.keys) // 4)
-        self.keys = np.resize(self.keys, length)
+        self.keys = self._grown(self.keys, length)
         for name, column in self.columns.items():
-            self.columns[name] = np.resize(column, length)
+            self.columns[name] = self._grown(column, length)
+
+    @staticmethod
+    def _grown(array: np.ndarray, length: int) -> np.ndarray:
+        # (np.resize would return a view of a copy up to twice as long)
+        grown = np.empty(length, array.dtype)
+        grown[:len(array)] = array
+        return grown
