@@ -30,8 +30,9 @@ class IdTable:
     """Rows keyed by distinct int64 ids (sample ids).
 
     Rows are ``0 .. len(table) - 1``; removing a key moves the last row
-    into its place, so a row number holds only until the next removal.
-    Columns of a new row hold stale values until the caller sets them.
+    into its place, so a row number holds only until the next removal,
+    and an insert may replace the columns' arrays (take a column after
+    it). Columns of a new row hold stale values until they are set.
 
     Args:
         columns (dict): Name and numpy dtype of each column.
@@ -87,8 +88,9 @@ class IdTable:
         """The row of ``key``, or -1 when it has none."""
         return self._index.item(self._spot(key))
 
-    def insert(self, key: int) -> int:
-        """A new row for ``key`` (which has none); its row number."""
+    def insert(self, key: int, **values) -> int:
+        """A new row for ``key`` (which has none), its columns set from
+        ``values`` (by name); its row number."""
         if self._too_full(self._count + 1, len(self._index)):
             self._reindex(2 * len(self._index))
         if self._count == len(self.keys):
@@ -97,6 +99,8 @@ class IdTable:
         self.keys[row] = key
         self._index[self._spot(key)] = row
         self._count += 1
+        for name, value in values.items():
+            self.columns[name][row] = value
         return row
 
     def remove(self, key: int) -> None:

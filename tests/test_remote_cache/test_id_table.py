@@ -17,8 +17,7 @@ def test_rows_are_those_of_a_dict(seed):
         if action < 0.5:
             key = int(rng.integers(0, top))
             if key not in reference:
-                row = table.insert(key)
-                table.columns['value'][row] = 3 * key
+                table.insert(key, value=3 * key)
                 reference[key] = 3 * key
         elif action < 0.85 and reference:
             key = list(reference)[int(rng.integers(len(reference)))]
