@@ -43,6 +43,10 @@ class BookedSamples:
         """Book ``sample`` (not booked) reading ``files`` files."""
         self._rows.insert(sample, plus_one=0, files=files)
 
+    def add_many(self, samples: np.ndarray, files: np.ndarray) -> None:
+        """:meth:`add` of many samples (distinct, none booked)."""
+        self._rows.insert_many(samples, plus_one=0, files=files)
+
     def remove(self, sample: int) -> None:
         """Take ``sample`` (booked) off the books, with its size."""
         self._rows.remove(sample)
@@ -60,6 +64,16 @@ class BookedSamples:
         if stored == _LARGE:
             return self._large[sample]
         return stored - 1 if stored else None
+
+    def learn_many(self, samples: np.ndarray, sizes: np.ndarray) -> None:
+        """:meth:`learn` of each ``(sample, size)`` pair."""
+        samples = np.asarray(samples, np.int64)
+        sizes = np.asarray(sizes, np.int64)
+        rows = self._rows.rows(samples)
+        fits = (rows >= 0) & (sizes >= 0) & (sizes + 1 < _LARGE)
+        self._rows.columns['plus_one'][rows[fits]] = sizes[fits] + 1
+        for index in np.flatnonzero(~fits).tolist():
+            self.learn(samples.item(index), sizes.item(index))
 
     def learn(self, sample: int, size: int) -> bool:
         """Record ``size`` bytes for ``sample``; False (nothing recorded)

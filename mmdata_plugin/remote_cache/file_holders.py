@@ -62,6 +62,24 @@ class FileHolders:
         readers.add(sample)
         return len(readers)
 
+    def add_many(self, keys: np.ndarray, samples: np.ndarray) -> np.ndarray:
+        """:meth:`add` of each ``(key, sample)`` pair (many files at once:
+        a warm start's files on disk); whether each file has more than
+        one reader now."""
+        keys = np.asarray(keys, np.int64)
+        samples = np.asarray(samples, np.int64)
+        _, first, repeats = np.unique(keys, return_index=True,
+                                      return_counts=True)
+        alone = np.zeros(len(keys), bool)
+        alone[first[repeats == 1]] = True
+        alone &= self._files.rows(keys) < 0
+        self._files.insert_many(keys[alone], holder=samples[alone])
+        shared = np.zeros(len(keys), bool)
+        for index in np.flatnonzero(~alone).tolist():
+            shared[index] = self.add(keys.item(index),
+                                     samples.item(index)) > 1
+        return shared
+
     def remove(self, key: int, sample: int) -> bool:
         """Take ``sample`` off file ``key``'s readers; True when none is
         left (the file is off the books)."""

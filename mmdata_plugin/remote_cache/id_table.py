@@ -158,9 +158,9 @@ class IdTable:
             pending, spots = pending[going], (spots[going] + 1) & mask
         return found
 
-    def insert_many(self, keys: np.ndarray) -> np.ndarray:
-        """:meth:`insert` of each of ``keys`` (distinct, none with a row);
-        their rows."""
+    def insert_many(self, keys: np.ndarray, **values) -> np.ndarray:
+        """:meth:`insert` of each of ``keys`` (distinct, none with a row),
+        columns set from ``values`` (arrays or scalars); their rows."""
         keys = np.asarray(keys, np.int64)
         count = self._count + len(keys)
         if self._too_full(count, len(self._index)):
@@ -174,6 +174,8 @@ class IdTable:
         self.keys[rows] = keys
         self._count = count
         self._place(rows)
+        for name, value in values.items():
+            self.columns[name][rows] = value
         return rows
 
     def _place(self, rows: np.ndarray) -> None:

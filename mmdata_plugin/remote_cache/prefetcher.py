@@ -36,6 +36,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Dict, List, Optional
 
+import numpy as np
 from mmengine.logging import print_log
 
 from ..cache.node_store import CacheBudgetError
@@ -221,6 +222,17 @@ class NodePrefetcher:
         self._mean_size += (size - self._mean_size) / self._sizes_learned
         self._largest_size = max(self._largest_size, size)
 
+    def _learn_sizes(self, samples: List[int], sizes: List[int]) -> None:
+        """:meth:`_learn_size` of many samples at once."""
+        if not samples:
+            return
+        self._books.learn_many(samples, sizes)
+        learned = self._sizes_learned + len(sizes)
+        self._mean_size += (sum(sizes) - len(sizes) * self._mean_size) / \
+            learned
+        self._sizes_learned = learned
+        self._largest_size = max(self._largest_size, max(sizes))
+
     def _download_hint(self, sample: int) -> int:
         """Bytes reserved before downloading ``sample``: its size, else the
         largest seen (a hint the file outgrows waits for room while its
@@ -260,19 +272,21 @@ class NodePrefetcher:
                 for url in self.sample_urls(sample):
                     with self.reader.fetch(url) as entry:
                         sizes[url] = os.path.getsize(entry.path)
-        present = []
+        present, files = [], []
+        for sample in set(self.planner.lookahead(self.horizon).tolist()):
+            urls = list(self.sample_urls(sample))
+            if urls and all(url in sizes for url in urls):
+                present.append(sample)
+                files.append(urls)
         with self._lock:
             # Booked to hold their sizes while the plan adopts them.
-            for sample in set(self.planner.lookahead(self.horizon).tolist()):
-                urls = list(self.sample_urls(sample))
-                if urls and all(url in sizes for url in urls):
-                    self._book(sample, urls)
-                    self._learn_size(sample, sum(sizes[url] for url in urls))
-                    present.append((sample, urls))
+            self._book_many(present, files)
+            self._learn_sizes(present,
+                              [sum(map(sizes.get, urls)) for urls in files])
             self.reserve = self._sized_reserve()
             self.planner.cache.capacity = self.store.limit - self.reserve
-            self.planner.adopt(sample for sample, _ in present)
-            for sample, urls in present:
+            self.planner.adopt(present)
+            for sample, urls in zip(present, files):
                 if sample not in self.planner.cache:
                     self._unbook(sample, urls)
 
@@ -347,6 +361,21 @@ class NodePrefetcher:
                 # Another sample's read must not free it.
                 self._unmark(url)
         return urls
+
+    def _book_many(self, samples: List[int],
+                   files: List[List[str]]) -> None:
+        """:meth:`_book` of many samples not on the books, ``files`` the
+        files of each (a warm start's, or a benchmark's kept set)."""
+        counts = list(map(len, files))
+        self._books.add_many(samples, counts)
+        # (those that read no file: 0 bytes, as _book)
+        empty = [sample for sample, count in zip(samples, counts) if not count]
+        self._books.learn_many(empty, [0] * len(empty))
+        urls = [url for listed in files for url in listed]
+        shared = self._booked.add_many(
+            [self._file_key(url) for url in urls], np.repeat(samples, counts))
+        for index in np.flatnonzero(shared).tolist():
+            self._unmark(urls[index])
 
     def booked_files(self, sample: int,
                      asked: Optional[List[str]] = None) -> List[str]:

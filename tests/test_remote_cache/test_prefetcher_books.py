@@ -125,3 +125,33 @@ def test_booked_files_are_found_after_a_head_serves_one(tmp_path):
     assert prefetcher._unbook(7, prefetcher.booked_files(7)) == \
         HeadServes().files(7)
     assert not len(prefetcher._booked)
+
+
+def test_booking_many_is_booking_one_by_one(tmp_path):
+    # A warm start books the files on disk at once: shared files (within
+    # the batch and with a sample booked before), several files, none.
+    def files(sample):
+        return [[], [_image(sample)],
+                [_image(sample), _image(sample + 1)]][sample % 3]
+
+    samples = list(range(1, 40))
+    together, one_by_one = (build(tmp_path / name, count=4)[0]
+                            for name in ('together', 'one_by_one'))
+    for prefetcher in (together, one_by_one):
+        prefetcher.close()
+        prefetcher.sample_urls = files
+        prefetcher._book(100, [_image(3)])
+    together._book_many(samples, [files(sample) for sample in samples])
+    together._learn_sizes(samples[1:], [7 * sample for sample in samples[1:]])
+    for sample in samples:
+        one_by_one._book(sample, files(sample))
+        if sample != samples[0]:
+            one_by_one._learn_size(sample, 7 * sample)
+    for sample in samples + [100]:
+        assert together.booked_files(sample) == one_by_one.booked_files(
+            sample)
+        assert together.size_of(sample) == one_by_one.size_of(sample)
+    for url in {url for sample in samples for url in files(sample)}:
+        key = together._file_key(url)
+        assert together._booked.of(key) == one_by_one._booked.of(key)
+    assert together._mean_size == pytest.approx(one_by_one._mean_size)
