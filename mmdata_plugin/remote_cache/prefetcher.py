@@ -87,7 +87,11 @@ class NodePrefetcher:
             names: a booked sample's files are asked again when needed,
             from ``sample_urls.files(sample_id)`` when it has that method
             (every file a sample may read, also those a pipeline head
-            serves since: :class:`~.pipeline_routing.SampleFiles`).
+            serves since: :class:`~.pipeline_routing.SampleFiles`). When
+            it has an ``nbytes`` method, ``nbytes(sample_id)`` is the
+            sample's size if known without reading (a shard index), else
+            None: the plan counts a sample the books do not size at it,
+            else at the mean size downloaded.
         cursors (CursorReader): The positions of the node's ranks.
         reserve (int, optional): Bytes of the budget for files downloaded
             ahead of their read and not kept (the plan keeps samples in
@@ -209,7 +213,14 @@ class NodePrefetcher:
 
     def size_of(self, sample: int) -> int:
         size = self._books.size(sample)
+        if size is None:
+            size = self._told_size(sample)
         return int(self._mean_size) if size is None else size
+
+    def _told_size(self, sample: int) -> Optional[int]:
+        """The size the source tells without a download, or None."""
+        nbytes = getattr(self.sample_urls, 'nbytes', None)
+        return None if nbytes is None else nbytes(sample)
 
     def _learn_size(self, sample: int, size: int) -> None:
         # The mean is over the sizes learned, not the books: samples that
@@ -234,11 +245,11 @@ class NodePrefetcher:
         self._largest_size = max(self._largest_size, max(sizes))
 
     def _download_hint(self, sample: int) -> int:
-        """Bytes reserved before downloading ``sample``: its size, else the
-        largest seen (a hint the file outgrows waits for room while its
+        """Bytes reserved before downloading ``sample``: its size (learned,
+        or told by the source), else the largest seen (a hint the file outgrows waits for room while its
         reader may be waiting on it)."""
-        return self._books.size(sample) or max(self._largest_size,
-                                               int(self._mean_size))
+        return (self._books.size(sample) or self._told_size(sample)
+                or max(self._largest_size, int(self._mean_size)))
 
     def _present(self, urls: List[str]) -> bool:
         return all(

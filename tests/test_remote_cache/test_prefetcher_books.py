@@ -155,3 +155,26 @@ def test_booking_many_is_booking_one_by_one(tmp_path):
         key = together._file_key(url)
         assert together._booked.of(key) == one_by_one._booked.of(key)
     assert together._mean_size == pytest.approx(one_by_one._mean_size)
+
+
+class ToldSizes:
+    """``sample_urls`` of a source that tells sizes (a shard index)."""
+
+    def nbytes(self, sample):
+        return 1000 + sample
+
+    def __call__(self, sample):
+        return [_image(sample)]
+
+
+def test_a_size_the_source_tells_counts_until_one_is_learned(tmp_path):
+    prefetcher = build(tmp_path, count=4)[0]
+    prefetcher.close()
+    mean = int(prefetcher._mean_size)
+    assert prefetcher.size_of(5) == mean
+    prefetcher.sample_urls = ToldSizes()
+    assert prefetcher.size_of(5) == 1005
+    assert prefetcher._download_hint(5) == 1005
+    prefetcher._book(5)
+    prefetcher._learn_size(5, 777)
+    assert prefetcher.size_of(5) == 777
