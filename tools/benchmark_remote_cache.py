@@ -1249,9 +1249,11 @@ def _instant_prefetcher(stream, cache_dir: str, kept: int, sample_bytes: int,
     samples, untils = one_node_belady_state(stream, kept, first)
     prefetcher.planner.cache.keep_all(
         samples, untils, np.full(len(samples), sample_bytes))
-    samples = samples.tolist()
-    prefetcher._book_many(samples, [[_bench_url(sample)] for sample in samples])
-    prefetcher._learn_sizes(samples, [sample_bytes] * len(samples))
+    # In slices: the URLs of 1e7 samples at once would take gigabytes.
+    for start in range(0, len(samples), 1 << 20):
+        part = samples[start:start + (1 << 20)].tolist()
+        prefetcher._book_many(part, [[_bench_url(sample)] for sample in part])
+        prefetcher._learn_sizes(part, [sample_bytes] * len(part))
     return prefetcher
 
 
@@ -1323,7 +1325,7 @@ def books_window(samples: int, kept: int, ticks: int,
 def report_books_window(args) -> None:
     centres = [float(text) for text in args.books_window_centres.split(',')]
     kept = int(args.books_window_kept)
-    print(f'Node prefetcher, downloads instant: windows of epoch 2 centred '
+    print('Node prefetcher, downloads instant: windows of epoch 2 centred '
           + ', '.join(f'{centre:g}' for centre in centres) +
           f' x {kept:.0e} ticks into it, one node of one rank, {kept:.0e} '
           "samples kept, each window started from Belady's kept set:")

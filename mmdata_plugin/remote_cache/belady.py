@@ -9,7 +9,7 @@ becomes a download), and if that is not enough, the sample is not kept
 can get; the online planner and the offline simulator share this class.
 
 The kept set lives in numpy rows keyed by sample id (:class:`~.id_table.
-IdTable`: next use and size, 25-36 bytes a kept sample, plus ~4 for the
+IdTable`: next use and size, 25-34 bytes a kept sample, plus ~4 for the
 eviction order, see :class:`BeladyCache`), whatever the number of ids: a
 node keeping 1e7 samples of 1e9 plans in ~0.5 GB, where arrays indexed by
 sample id took 12 GB and Python dicts and heap tuples ~250 bytes a kept
@@ -69,8 +69,8 @@ class BeladyCache:
 
     Per kept sample, a row of an :class:`~.id_table.IdTable`: its id, its
     next use (int64) and its size (uint32, int64 once a sample of 4 GiB or
-    more is kept), 20 bytes, rows grown by a quarter, plus 5-11 bytes of
-    the table's index: 25-36 bytes a kept sample, nothing for the ids not
+    more is kept), 20 bytes, rows grown by an eighth, plus 5-11 bytes of
+    the table's index: 25-34 bytes a kept sample, nothing for the ids not
     kept. What the eviction order needs beyond that is O(kept / 64): the
     *front*, the kept samples needed furthest ahead in eviction order
     (numpy arrays, 16 bytes an entry, refilled by a scan of the rows when

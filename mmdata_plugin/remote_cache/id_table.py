@@ -202,8 +202,9 @@ class IdTable:
         self._place(np.arange(self._count))
 
     def _grow_rows(self, count: int) -> None:
-        # By a quarter: a row costs its bytes, not twice them.
-        length = max(count, len(self.keys) + len(self.keys) // 4)
+        # By an eighth: a row costs its bytes (and 6% more on average),
+        # not twice them; copies stay O(1) a row.
+        length = max(count, len(self.keys) + len(self.keys) // 8)
         self.keys = self._grown(self.keys, length)
         for name, column in self.columns.items():
             self.columns[name] = self._grown(column, length)

@@ -246,8 +246,8 @@ class NodePrefetcher:
 
     def _download_hint(self, sample: int) -> int:
         """Bytes reserved before downloading ``sample``: its size (learned,
-        or told by the source), else the largest seen (a hint the file outgrows waits for room while its
-        reader may be waiting on it)."""
+        or told by the source), else the largest seen (a hint the file
+        outgrows waits for room while its reader may be waiting on it)."""
         return (self._books.size(sample) or self._told_size(sample)
                 or max(self._largest_size, int(self._mean_size)))
 

@@ -129,7 +129,7 @@ def test_hits_are_those_of_access():
 
 def test_kept_set_costs_bytes_per_kept_sample_not_per_id(monkeypatch):
     # 100,000 samples of ids up to 1e8 kept, then 80,000 (the front used
-    # up and refilled): rows of 20 bytes (grown by a quarter), an index of
+    # up and refilled): rows of 20 bytes (grown by an eighth), an index of
     # 5-11 bytes a kept sample and a front of 1/64 of the kept set; no
     # array by sample id (12 bytes an id, 1.2 GB here) and no Python
     # object per kept sample (a dict and heap entry each cost ~250 bytes).

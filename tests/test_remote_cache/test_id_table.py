@@ -48,7 +48,7 @@ def test_bytes_grow_with_rows_not_ids():
     table.insert_many(keys[:50_000])
     for key in keys[50_000:].tolist():
         table.insert(key)
-    # 20 bytes a row (grown by a quarter), an index at most three
+    # 20 bytes a row (grown by an eighth), an index at most three
     # quarters full.
     assert table.nbytes / len(keys) <= 36
     assert (table.rows(keys) == np.arange(len(keys))).all()
