@@ -9,11 +9,11 @@ becomes a download), and if that is not enough, the sample is not kept
 can get; the online planner and the offline simulator share this class.
 
 The kept set lives in numpy rows keyed by sample id (:class:`~.id_table.
-IdTable`: next use and size, 25-34 bytes a kept sample, plus ~4 for the
+IdTable`: next use and size, 21-29 bytes a kept sample, plus ~4 for the
 eviction order, see :class:`BeladyCache`), whatever the number of ids: a
-node keeping 1e7 samples of 1e9 plans in ~0.5 GB, where arrays indexed by
-sample id took 12 GB and Python dicts and heap tuples ~250 bytes a kept
-sample.
+node keeping 1e7 samples of 1e9 plans in ~0.25 GB, where arrays indexed
+by sample id took 12 GB and Python dicts and heap tuples ~250 bytes a
+kept sample.
 """
 import heapq
 from typing import List, NamedTuple, Optional, Tuple
@@ -67,11 +67,11 @@ def _furthest_first(untils: np.ndarray, samples: np.ndarray) -> np.ndarray:
 class BeladyCache:
     """The set of kept samples under a byte budget.
 
-    Per kept sample, a row of an :class:`~.id_table.IdTable`: its id, its
-    next use (int64) and its size (uint32, int64 once a sample of 4 GiB or
-    more is kept), 20 bytes, rows grown by an eighth, plus 5-11 bytes of
-    the table's index: 25-34 bytes a kept sample, nothing for the ids not
-    kept. What the eviction order needs beyond that is O(kept / 64): the
+    Per kept sample, a row of an :class:`~.id_table.IdTable`: its id
+    (uint32, int64 from the first id of 2**32), its next use (int64) and
+    its size (uint32, int64 once a sample of 4 GiB or more is kept), 16
+    bytes, rows grown by an eighth, plus 5-11 bytes of the table's index:
+    21-29 bytes a kept sample, nothing for the ids not kept. What the eviction order needs beyond that is O(kept / 64): the
     *front*, the kept samples needed furthest ahead in eviction order
     (numpy arrays, 16 bytes an entry, refilled by a scan of the rows when
     used up), and a heap of the samples kept since the front was filled
@@ -85,7 +85,8 @@ class BeladyCache:
     def __init__(self, capacity: int) -> None:
         self.capacity = int(capacity)
         self.used = 0
-        self._kept = IdTable(dict(until=np.int64, size=np.uint32))
+        self._kept = IdTable(dict(until=np.int64, size=np.uint32),
+                             keys=np.uint32)
         self._size_max = np.iinfo(np.uint32).max
         # The front: kept samples in eviction order (furthest needed
         # last), read from index _top down; every kept sample whose
@@ -133,15 +134,14 @@ class BeladyCache:
     def kept(self) -> np.ndarray:
         """Ids of the kept samples, ascending."""
         kept = self._kept.column('until') > _TAKEN
-        return np.sort(self._kept.keys[:len(self._kept)][kept])
+        return np.sort(self._kept.row_keys()[kept])
 
     def kept_by_next_use(self) -> Tuple[np.ndarray, np.ndarray]:
         """``(samples, next uses)`` of the kept samples, the one needed
         furthest ahead first."""
         untils = self._kept.column('until')
         kept = untils > _TAKEN
-        samples, untils = self._kept.keys[:len(self._kept)][kept], \
-            untils[kept]
+        samples, untils = self._kept.row_keys()[kept], untils[kept]
         order = _furthest_first(untils, samples)[::-1]
         return samples[order], untils[order]
 
@@ -204,14 +204,16 @@ class BeladyCache:
         untils = np.empty(0, np.int64)
         samples = np.empty(0, np.int64)
         kept_untils, kept_samples = self._kept.column('until'), \
-            self._kept.keys[:len(self._kept)]
+            self._kept.keys
         for start in range(0, len(kept_untils), _SCAN):
             part = kept_untils[start:start + _SCAN]
             least = untils[0] if len(untils) == size else _TAKEN + 1
             chosen = np.flatnonzero(part >= least)
             untils = np.concatenate([untils, part[chosen]])
-            samples = np.concatenate(
-                [samples, kept_samples[start:start + _SCAN][chosen]])
+            samples = np.concatenate([
+                samples,
+                kept_samples[start:start + _SCAN][chosen].astype(np.int64)
+            ])
             order = _furthest_first(untils, samples)[-size:]
             untils, samples = untils[order], samples[order]
         self._front_until, self._front_sample = untils, samples

@@ -3,7 +3,7 @@
 A sample is on the books while the plan keeps it or a decided read of it
 is ahead: a few millions of a data set's ids. Each is a row of an
 :class:`~.id_table.IdTable` keyed by its id: how many files it booked and
-its size once downloaded, ~14 bytes and 5-11 of index (an array by sample
+its size once downloaded, 10 bytes and 5-11 of index (an array by sample
 id cost 4 bytes for every id of the data set, a dict of Python ints ~100
 a sample). A size is forgotten when its sample leaves the books: the plan
 counts it at the mean until it is downloaded again.
@@ -25,7 +25,8 @@ class BookedSamples:
     """
 
     def __init__(self) -> None:
-        self._rows = IdTable(dict(plus_one=np.uint32, files=np.uint16))
+        self._rows = IdTable(dict(plus_one=np.uint32, files=np.uint16),
+                             keys=np.uint32)
         self._large: Dict[int, int] = {}
 
     def __contains__(self, sample: int) -> bool:

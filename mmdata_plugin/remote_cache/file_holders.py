@@ -4,8 +4,9 @@ Samples may share a file (one per person of a picture, a repeated data
 set): a file stays while any sample booking it needs it. Nearly every
 file has one reader: a file is a row of an :class:`~.id_table.IdTable`
 keyed by its digest as an 8-byte int (see :func:`digest_key`) holding its
-reader, ~30 bytes a file; a set of readers is kept aside only from the
-second (a set of one costs ~200 bytes, a hex digest string ~90).
+reader (4 bytes while sample ids are below 2**32), ~19 bytes a file with
+the index; a set of readers is kept aside only from the second (a set of
+one costs ~200 bytes, a hex digest string ~90).
 """
 from typing import Dict, Set
 
@@ -13,7 +14,8 @@ import numpy as np
 
 from .id_table import IdTable
 
-#: ``holder`` of a file read by several samples (see ``_several``).
+#: The reader of a file read by several samples (see ``_several``); a
+#: row holds its reader + 1, so this is 0.
 _SEVERAL = -1
 
 
@@ -28,7 +30,8 @@ class FileHolders:
     """The samples booking each file, by :func:`digest_key`."""
 
     def __init__(self) -> None:
-        self._files = IdTable(dict(holder=np.int64))
+        self._files = IdTable(dict(holder=np.uint32))
+        self._holder_max = int(np.iinfo(np.uint32).max)
         self._several: Dict[int, Set[int]] = {}
 
     def __contains__(self, key: int) -> bool:
@@ -45,19 +48,33 @@ class FileHolders:
     def _holder(self, key: int) -> int:
         """The one reader of ``key``, ``_SEVERAL``, or None if none."""
         row = self._files.row(key)
-        return None if row < 0 else self._files.columns['holder'].item(row)
+        if row < 0:
+            return None
+        return self._files.columns['holder'].item(row) - 1
+
+    def _fit(self, most: int) -> None:
+        """Widen the readers' column when reader ``most`` + 1 overflows
+        it."""
+        if most + 1 > self._holder_max:
+            self._files.widen('holder', np.int64)
+            self._holder_max = int(np.iinfo(np.int64).max)
+
+    def _set_holder(self, key: int, held: int) -> None:
+        self._fit(held)
+        self._files.columns['holder'][self._files.row(key)] = held + 1
 
     def add(self, key: int, sample: int) -> int:
         """Book ``sample`` as a reader of file ``key``; its readers now."""
         held = self._holder(key)
         if held is None:
-            self._files.insert(key, holder=sample)
+            self._fit(sample)
+            self._files.insert(key, holder=sample + 1)
             return 1
         if held == sample:
             return 1
         if held != _SEVERAL:
             self._several[key] = {held}
-            self._files.columns['holder'][self._files.row(key)] = _SEVERAL
+            self._set_holder(key, _SEVERAL)
         readers = self._several[key]
         readers.add(sample)
         return len(readers)
@@ -73,7 +90,9 @@ class FileHolders:
         alone = np.zeros(len(keys), bool)
         alone[first[repeats == 1]] = True
         alone &= self._files.rows(keys) < 0
-        self._files.insert_many(keys[alone], holder=samples[alone])
+        if alone.any():
+            self._fit(int(samples[alone].max()))
+        self._files.insert_many(keys[alone], holder=samples[alone] + 1)
         shared = np.zeros(len(keys), bool)
         for index in np.flatnonzero(~alone).tolist():
             shared[index] = self.add(keys.item(index),
@@ -95,8 +114,7 @@ class FileHolders:
         readers.discard(sample)
         if len(readers) == 1:
             del self._several[key]
-            self._files.columns['holder'][self._files.row(key)] = \
-                readers.pop()
+            self._set_holder(key, readers.pop())
         return False
 
     def of(self, key: int) -> Set[int]:

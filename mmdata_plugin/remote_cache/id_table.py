@@ -6,8 +6,8 @@ indexed by sample id cost bytes for every id of the data set, and a dict
 of Python ints ~100 bytes an entry. :class:`IdTable` stores its rows
 densely (row ``r`` in ``keys[r]`` and each column's ``[r]``) and finds a
 key's row in an open-addressing index of int32 rows (linear probing, at
-most three quarters full), so a row costs its columns, its key (8 bytes)
-and 5-11 bytes of index, whatever the ids.
+most three quarters full), so a row costs its columns, its key (4 bytes
+for ids below 2**32, else 8) and 5-11 bytes of index, whatever the ids.
 """
 from typing import Dict
 
@@ -36,10 +36,16 @@ class IdTable:
 
     Args:
         columns (dict): Name and numpy dtype of each column.
+        keys (type): The dtype keys are stored in while they fit it
+            (``np.uint32`` for sample ids), int64 from the first that
+            does not.
     """
 
-    def __init__(self, columns: Dict[str, type]) -> None:
-        self.keys = np.empty(1 << _MIN_BITS, np.int64)
+    def __init__(self,
+                 columns: Dict[str, type],
+                 keys: type = np.int64) -> None:
+        self.keys = np.empty(1 << _MIN_BITS, keys)
+        self._key_range = (int(np.iinfo(keys).min), int(np.iinfo(keys).max))
         self.columns = {
             name: np.zeros(1 << _MIN_BITS, dtype)
             for name, dtype in columns.items()
@@ -59,6 +65,15 @@ class IdTable:
         """Bytes of the index, the keys and the columns."""
         return self._index.nbytes + self.keys.nbytes + sum(
             column.nbytes for column in self.columns.values())
+
+    def row_keys(self) -> np.ndarray:
+        """The rows' keys, int64."""
+        return self.keys[:self._count].astype(np.int64, copy=False)
+
+    def _fit_keys(self, least: int, most: int) -> None:
+        if least < self._key_range[0] or most > self._key_range[1]:
+            self.keys = self.keys.astype(np.int64)
+            self._key_range = (-(1 << 63), (1 << 63) - 1)
 
     def column(self, name: str) -> np.ndarray:
         """The rows' values of column ``name`` (a view)."""
@@ -95,6 +110,7 @@ class IdTable:
             self._reindex(2 * len(self._index))
         if self._count == len(self.keys):
             self._grow_rows(self._count + 1)
+        self._fit_keys(key, key)
         row = self._count
         self.keys[row] = key
         self._index[self._spot(key)] = row
@@ -170,6 +186,8 @@ class IdTable:
             self._reindex(size)
         if count > len(self.keys):
             self._grow_rows(count)
+        if len(keys):
+            self._fit_keys(int(keys.min()), int(keys.max()))
         rows = np.arange(self._count, count)
         self.keys[rows] = keys
         self._count = count

@@ -55,3 +55,20 @@ def test_bytes_grow_with_rows_not_ids():
     table.widen('size', np.int64)
     table.columns['size'][table.row(int(keys[7]))] = 5 << 32
     assert table.column('size')[7] == 5 << 32
+
+
+def test_keys_are_narrow_until_one_does_not_fit():
+    # Sample ids below 2**32 take 4 bytes; a larger one (or a negative
+    # one) widens the keys, every row kept.
+    table = IdTable(dict(value=np.int64), keys=np.uint32)
+    keys = np.arange(0, 3000, 3)
+    table.insert_many(keys, value=keys)
+    assert table.keys.dtype == np.uint32
+    assert table.row_keys().dtype == np.int64
+    table.insert(1 << 40, value=7)
+    table.insert_many(np.array([-5, 1 << 50]), value=8)
+    assert table.keys.dtype == np.int64
+    assert (table.rows(keys) == np.arange(len(keys))).all()
+    assert table.column('value')[table.row(1 << 40)] == 7
+    assert table.row(-5) >= 0 and table.row(1 << 50) >= 0
+    assert table.row_keys()[-3:].tolist() == [1 << 40, -5, 1 << 50]
