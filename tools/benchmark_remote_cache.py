@@ -1267,7 +1267,7 @@ def _run_instantly(prefetcher, stop: int, sample_bytes: int) -> None:
         prefetcher.position = max(prefetcher.position,
                                   planner.tick - prefetcher.readahead)
         prefetcher._release_consumed()
-        for _ in range(prefetcher.window()):
+        for _ in range(min(prefetcher.window(), stop - planner.tick)):
             download = prefetcher._apply(planner.decide())
             if download is not None:
                 sample, urls, _, _ = download
