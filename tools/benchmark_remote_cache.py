@@ -1294,6 +1294,7 @@ def books_window(samples: int, kept: int, ticks: int,
     hits = belady = done = 0
     seconds = build = 0.0
     held = resident = 0
+    by_window = []
     baseline = _resident_bytes()
     for centre in centres:
         first = 2 * epoch_ticks + int(centre * kept) - width // 2
@@ -1307,6 +1308,7 @@ def books_window(samples: int, kept: int, ticks: int,
             seconds += time.perf_counter() - began
             hits += prefetcher.stats['planned_hits']
             decided = prefetcher.stats['planned']
+            by_window.append(prefetcher.stats['planned_hits'] / decided)
             done += decided
             within = first - 2 * epoch_ticks
             belady += int(np.clip(kept - within, 0, decided))
@@ -1316,7 +1318,8 @@ def books_window(samples: int, kept: int, ticks: int,
             prefetcher.close()
             del prefetcher
     return dict(samples=samples, kept=kept, ticks=done, hit_rate=hits / done,
-                belady=belady / done, decisions_per_s=done / seconds,
+                by_window=by_window, belady=belady / done,
+                decisions_per_s=done / seconds,
                 build_s=build, held=held, resident=resident,
                 peak_rss=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
                 * 1024)
@@ -1329,15 +1332,18 @@ def report_books_window(args) -> None:
           + ', '.join(f'{centre:g}' for centre in centres) +
           f' x {kept:.0e} ticks into it, one node of one rank, {kept:.0e} '
           "samples kept, each window started from Belady's kept set:")
-    print('| samples per node | kept | ticks simulated | hit % | Belady % | '
-          'decisions/s | plan + books bytes / kept sample | resident MB '
-          '(plan + books) | state built s | peak RSS MB |')
-    print('|---|---|---|---|---|---|---|---|---|---|')
+    print('| samples per node | kept | ticks simulated | hit % | hit % by '
+          'window | Belady % | decisions/s | plan + books bytes / kept '
+          'sample | resident MB (plan + books) | state built s | peak RSS '
+          'MB |')
+    print('|---|---|---|---|---|---|---|---|---|---|---|')
     for text in args.books_window.split(','):
         row = books_window(int(float(text)), kept,
                            int(args.books_window_ticks), centres)
         print(f"| {row['samples']:.0e} | {row['kept']:.0e} | {row['ticks']} "
-              f"| {100 * row['hit_rate']:.2f} | {100 * row['belady']:.2f} | "
+              f"| {100 * row['hit_rate']:.2f} | "
+              + ' / '.join(f'{100 * rate:.2f}' for rate in row['by_window'])
+              + f" | {100 * row['belady']:.2f} | "
               f"{row['decisions_per_s']:.0f} | "
               f"{row['held'] / row['kept']:.1f} | "
               f"{row['resident'] / 1e6:.0f} | {row['build_s']:.0f} | "

@@ -8,7 +8,7 @@ reader (4 bytes while sample ids are below 2**32), ~19 bytes a file with
 the index; a set of readers is kept aside only from the second (a set of
 one costs ~200 bytes, a hex digest string ~90).
 """
-from typing import Dict, Set
+from typing import Dict, Optional, Set
 
 import numpy as np
 
@@ -45,7 +45,7 @@ class FileHolders:
         """Memory of the rows (the few shared files' sets aside)."""
         return self._files.nbytes
 
-    def _holder(self, key: int) -> int:
+    def _holder(self, key: int) -> Optional[int]:
         """The one reader of ``key``, ``_SEVERAL``, or None if none."""
         row = self._files.row(key)
         if row < 0:
