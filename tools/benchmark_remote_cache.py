@@ -142,6 +142,24 @@ def parse_args(argv=None):
         help='centres of the windows, as shares of epoch 2 (default: '
         'within the samples kept from epoch 1, across their end, past it)')
     parser.add_argument(
+        '--books-window', default=None, metavar='N,N,...',
+        help='only simulate the node prefetcher (its plan and books, '
+        'downloads instant and nothing written) on one node of one rank '
+        'reading each number of samples per epoch, --books-window-kept of '
+        'them kept, in windows of epoch 2 started from Belady\'s own kept '
+        'set: hits, decisions/s, plan and books bytes per kept sample and '
+        'resident memory')
+    parser.add_argument(
+        '--books-window-kept', type=float, default=1e7,
+        help='samples the plan keeps (its capacity)')
+    parser.add_argument(
+        '--books-window-ticks', type=float, default=4e5,
+        help='ticks simulated per size, split between the windows')
+    parser.add_argument(
+        '--books-window-centres', default='0.5,1.5', metavar='F,F,...',
+        help='centres of the windows in epoch 2, in kept samples (default: '
+        'within the samples kept from epoch 1, past them)')
+    parser.add_argument(
         '--download-cpu', type=int, default=None, metavar='FILES',
         help='only measure the CPU time of downloads into the node store '
         '(thread CPU clock, FILES of --sample-kb from an in-memory '
@@ -755,6 +773,9 @@ def main():
         return
     if args.planner_window:
         report_planner_window(args)
+        return
+    if args.books_window:
+        report_books_window(args)
         return
     if args.download_cpu:
         report_download_cpu(args)
@@ -1450,14 +1471,6 @@ def one_node_belady_state(stream, capacity: int, tick: int) -> tuple:
             np.concatenate(untils + [soonest]))
 
 
-def _kept_set_bytes(cache) -> int:
-    """Bytes of a BeladyCache's kept set: its arrays, its front and the
-    heap past it (tuple, two ints and a list slot an entry)."""
-    arrays = (cache._until, cache._size, cache._front_until,
-              cache._front_sample)
-    return sum(array.nbytes for array in arrays) + 128 * len(cache._late)
-
-
 def planner_window(samples: int, ticks: int,
                    centres: Sequence[float] = (1 / 8, 1 / 4, 3 / 8),
                    share: float = 0.25, seed: int = 0) -> dict:
@@ -1488,7 +1501,7 @@ def planner_window(samples: int, ticks: int,
         began = time.perf_counter()
         hits += int(planner.hits(first + width).sum())
         seconds += time.perf_counter() - began
-        kept_bytes = max(kept_bytes, _kept_set_bytes(planner.cache))
+        kept_bytes = max(kept_bytes, planner.cache.nbytes)
         within = first - 2 * epoch_ticks
         belady += int(np.clip(capacity - within, 0, width))
         done += width
@@ -1520,6 +1533,142 @@ def report_planner_window(args) -> None:
               f"{row['kept_bytes'] / row['samples']:.1f} | "
               f"{row['build_s']:.0f} | {row['peak_rss'] / 1e6:.0f} |",
               flush=True)
+
+
+def _resident_bytes() -> int:
+    with open('/proc/self/statm') as statm:
+        return int(statm.read().split()[1]) * os.sysconf('SC_PAGE_SIZE')
+
+
+def _bench_url(sample: int) -> str:
+    return f'http://bench/train/{sample % 1000:04d}/{sample}.jpg'
+
+
+def _instant_prefetcher(stream, cache_dir: str, kept: int, sample_bytes: int,
+                        first: int):
+    """A NodePrefetcher planning from tick ``first`` whose plan keeps
+    ``kept`` samples of ``sample_bytes``, with Belady's kept set there
+    (:func:`one_node_belady_state`) kept and booked, sizes learned."""
+    from mmdata_plugin.cache.node_store import NodeStore
+    from mmdata_plugin.remote_cache.consumption_cursors import CursorReader
+    from mmdata_plugin.remote_cache.node_cache_backend import RemoteReader
+    from mmdata_plugin.remote_cache.prefetcher import NodePrefetcher
+    from mmdata_plugin.remote_cache.stream_planner import StreamPlanner
+    capacity = kept * sample_bytes
+    reserve = 1024 * sample_bytes
+    prefetcher = NodePrefetcher(
+        RemoteReader(NodeStore(cache_dir, capacity + reserve), None,
+                     sample_bytes), stream, lambda sample: [_bench_url(sample)],
+        CursorReader(cache_dir, [0], 1), reserve=reserve, readahead=256,
+        max_inflight=1)
+    prefetcher.marks.reset()
+    prefetcher.planner = StreamPlanner(stream, capacity, prefetcher.size_of,
+                                       start=first)
+    samples, untils = one_node_belady_state(stream, kept, first)
+    prefetcher.planner.cache.keep_all(
+        samples, untils, np.full(len(samples), sample_bytes))
+    # In slices: the URLs of 1e7 samples at once would take gigabytes.
+    for start in range(0, len(samples), 1 << 20):
+        part = samples[start:start + (1 << 20)].tolist()
+        prefetcher._book_many(part, [[_bench_url(sample)] for sample in part])
+        prefetcher._learn_sizes(part, [sample_bytes] * len(part))
+    return prefetcher
+
+
+def _run_instantly(prefetcher, stop: int, sample_bytes: int) -> None:
+    """Drive ``prefetcher`` to tick ``stop`` as its poll does (loops at
+    the planner's tick less the read-ahead, window decided, reads passed
+    settled), each download done at once without a file."""
+    from mmdata_plugin.remote_cache.download_processes import DownloadResult
+    planner = prefetcher.planner
+    while planner.tick < stop:
+        prefetcher.position = max(prefetcher.position,
+                                  planner.tick - prefetcher.readahead)
+        prefetcher._release_consumed()
+        for _ in range(min(prefetcher.window(), stop - planner.tick)):
+            download = prefetcher._apply(planner.decide())
+            if download is not None:
+                sample, urls, _, _ = download
+                prefetcher._finished(
+                    DownloadResult(sample, urls, len(urls), sample_bytes,
+                                   True, 0.0, None, False))
+        # (nothing on disk to evict)
+        prefetcher._leaving.clear()
+
+
+def books_window(samples: int, kept: int, ticks: int,
+                 centres: Sequence[float] = (0.5, 1.5),
+                 sample_bytes: int = 1 << 16, seed: int = 0) -> dict:
+    """The node prefetcher (plan and books, downloads instant) tick by
+    tick in windows of epoch 2 centred ``centres`` x ``kept`` ticks into
+    it, ``ticks`` in all, on a node of one rank reading ``samples`` equal
+    samples an epoch, the plan keeping ``kept`` of them, each window
+    started from Belady's kept set, booked. Belady hits a read there
+    exactly when the epoch reads it among its first ``kept``."""
+    import resource
+    stream = _scale_stream(samples, 1, seed)
+    epoch_ticks = stream.epoch_ticks
+    width = min(ticks // len(centres), kept // 2)
+    hits = belady = done = 0
+    seconds = build = 0.0
+    held = resident = 0
+    by_window = []
+    baseline = _resident_bytes()
+    for centre in centres:
+        first = 2 * epoch_ticks + int(centre * kept) - width // 2
+        with tempfile.TemporaryDirectory() as cache_dir:
+            began = time.perf_counter()
+            prefetcher = _instant_prefetcher(stream, cache_dir, kept,
+                                             sample_bytes, first)
+            build += time.perf_counter() - began
+            began = time.perf_counter()
+            _run_instantly(prefetcher, first + width, sample_bytes)
+            seconds += time.perf_counter() - began
+            hits += prefetcher.stats['planned_hits']
+            decided = prefetcher.stats['planned']
+            by_window.append(prefetcher.stats['planned_hits'] / decided)
+            done += decided
+            within = first - 2 * epoch_ticks
+            belady += int(np.clip(kept - within, 0, decided))
+            held = max(held, prefetcher.planner.cache.nbytes +
+                       prefetcher._books.nbytes + prefetcher._booked.nbytes)
+            resident = max(resident, _resident_bytes() - baseline)
+            prefetcher.close()
+            del prefetcher
+    return dict(samples=samples, kept=kept, ticks=done, hit_rate=hits / done,
+                by_window=by_window, belady=belady / done,
+                decisions_per_s=done / seconds,
+                build_s=build, held=held, resident=resident,
+                peak_rss=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+                * 1024)
+
+
+def report_books_window(args) -> None:
+    centres = [float(text) for text in args.books_window_centres.split(',')]
+    kept = int(args.books_window_kept)
+    print('Node prefetcher, downloads instant: windows of epoch 2 centred '
+          + ', '.join(f'{centre:g}' for centre in centres) +
+          f' x {kept:.0e} ticks into it, one node of one rank, {kept:.0e} '
+          "samples kept, each window started from Belady's kept set:")
+    print('| samples per node | kept | ticks simulated | hit % | hit % by '
+          'window | Belady % | decisions/s | plan + books bytes / kept '
+          'sample | resident MB (plan + books) | state built s | peak RSS '
+          'MB |')
+    print('|---|---|---|---|---|---|---|---|---|---|---|')
+    for text in args.books_window.split(','):
+        row = books_window(int(float(text)), kept,
+                           int(args.books_window_ticks), centres)
+        print(f"| {row['samples']:.0e} | {row['kept']:.0e} | {row['ticks']} "
+              f"| {100 * row['hit_rate']:.2f} | "
+              + ' / '.join(f'{100 * rate:.2f}' for rate in row['by_window'])
+              + f" | {100 * row['belady']:.2f} | "
+              f"{row['decisions_per_s']:.0f} | "
+              f"{row['held'] / row['kept']:.1f} | "
+              f"{row['resident'] / 1e6:.0f} | {row['build_s']:.0f} | "
+              f"{row['peak_rss'] / 1e6:.0f} |",
+              flush=True)
+    with open('/proc/loadavg') as loadavg:
+        print(f'load average: {loadavg.read().strip()}')
 
 
 # ------------------------------------------------- CPU per download

@@ -210,6 +210,20 @@ class TarShardDataset(BaseDataset):
             self.full_init()
         return self._index.shard_sizes()
 
+    def sample_nbytes(self, idx: int, key: str) -> Optional[int]:
+        """Bytes of the file under data-info key ``key`` of sample ``idx``,
+        from the index (nothing read; the node cache's plan sizes samples
+        with it, see :class:`~mmdata_plugin.remote_cache.pipeline_routing.
+        SampleFiles`): the image member's under ``img_path``, 0 under a
+        key the samples lack, None (unknown) under one a ``.json`` member
+        may set."""
+        if not dataset_initialized(self):
+            self.full_init()
+        if key == 'img_path':
+            return self._index.member_size(int(idx), self.image_ext)
+        return None if self.ann_ext == 'json' and \
+            key not in DATASET_KEYS else 0
+
     def get_data_info(self, idx: int) -> dict:
         """The data info of sample ``idx`` (an int or a ``SampleIndex``)."""
         size = len(self)

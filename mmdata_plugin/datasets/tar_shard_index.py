@@ -193,6 +193,10 @@ class TarShardIndex:
                            int(record['size'][column]),
                            self.shards[shard]['size'], self._tags[shard])
 
+    def member_size(self, sample: int, ext: str) -> int:
+        """The bytes of sample ``sample``'s ``.ext`` member."""
+        return int(self.records[sample]['size'][self.exts.index(ext)])
+
     def label(self, sample: int) -> int:
         """The class label of sample ``sample`` (from its ``.cls``)."""
         return int(self.records[sample]['label'])

@@ -8,17 +8,19 @@ becomes a download), and if that is not enough, the sample is not kept
 (bypass). For equal sizes this is Belady's MIN, the most hits any policy
 can get; the online planner and the offline simulator share this class.
 
-The kept set lives in numpy arrays indexed by sample id (next use and
-size: 12 bytes a sample, plus ~4 bytes per kept sample for the eviction
-order, see :class:`BeladyCache`), so a node of 1e9 samples with a quarter
-kept plans in ~13 GB, where Python dicts and heap tuples cost ~250 bytes
-a kept sample (62 GB).
+The kept set lives in numpy rows keyed by sample id (:class:`~.id_table.
+IdTable`: next use and size, 21-29 bytes a kept sample, plus ~4 for the
+eviction order, see :class:`BeladyCache`), whatever the number of ids: a
+node keeping 1e7 samples of 1e9 plans in ~0.25 GB, where arrays indexed
+by sample id took 12 GB and Python dicts and heap tuples ~250 bytes a
+kept sample.
 """
 import heapq
 from typing import List, NamedTuple, Optional, Tuple
 
 import numpy as np
 
+from .id_table import IdTable
 #: Next use of a sample read no more within the known future.
 NEVER = -1
 #: Next use of a sample read again beyond the look-ahead (tick unknown):
@@ -27,17 +29,17 @@ NEVER = -1
 #: is keep-a-fixed-set, its optimum). Read while kept, it is a hit.
 BEYOND = 1 << 62
 
-#: ``BeladyCache._until`` of a sample not kept.
+#: Next use of a sample not kept (it has no row).
 _NOT_KEPT = np.iinfo(np.int64).min
-#: ``BeladyCache._until`` of a sample taken as a victim by ``admit`` that
-#: may still be put back (its other heap entries must not surface).
+#: Next use of a sample taken as a victim by ``admit`` that may still be
+#: put back (its other heap entries must not surface).
 _TAKEN = _NOT_KEPT + 1
 #: Fewest entries of the front (the kept samples needed furthest ahead,
 #: in eviction order); it holds a 64th of the kept set beyond this, so
-#: refills (a scan of every sample) come every ``kept / 64`` evictions.
+#: refills (a scan of the kept set) come every ``kept / 64`` evictions.
 _FRONT_MIN = 1 << 16
-#: Samples scanned at once when the front is refilled (bounds the scan's
-#: work arrays).
+#: Kept samples scanned at once when the front is refilled (bounds the
+#: scan's work arrays).
 _SCAN = 1 << 22
 
 
@@ -65,15 +67,16 @@ def _furthest_first(untils: np.ndarray, samples: np.ndarray) -> np.ndarray:
 class BeladyCache:
     """The set of kept samples under a byte budget.
 
-    Per sample id (arrays grown to the highest id seen): its next use while
-    kept (int64) and its size (uint32, int64 once a sample of 4 GiB or more
-    is kept): 12 bytes a sample, 1.2 GB for 1e8. What the eviction order
-    needs beyond that is O(kept / 64): the *front*, the kept samples needed
-    furthest ahead in eviction order (numpy arrays, 16 bytes an entry,
-    refilled by a scan of the arrays when used up), and a heap of the
-    samples kept since the front was filled with a next use past its least
-    one (at most twice the front, ~128 bytes an entry; a refill folds it
-    in).
+    Per kept sample, a row of an :class:`~.id_table.IdTable`: its id
+    (uint32, int64 from the first id of 2**32), its next use (int64) and
+    its size (uint32, int64 once a sample of 4 GiB or more is kept), 16
+    bytes, rows grown by an eighth, plus 5-11 bytes of the table's index:
+    21-29 bytes a kept sample, nothing for the ids not kept. What the eviction order needs beyond that is O(kept / 64): the
+    *front*, the kept samples needed furthest ahead in eviction order
+    (numpy arrays, 16 bytes an entry, refilled by a scan of the rows when
+    used up), and a heap of the samples kept since the front was filled
+    with a next use past its least one (at most twice the front, ~128
+    bytes an entry; a refill folds it in).
 
     Args:
         capacity (int): Bytes the kept samples may use.
@@ -82,9 +85,8 @@ class BeladyCache:
     def __init__(self, capacity: int) -> None:
         self.capacity = int(capacity)
         self.used = 0
-        self.count = 0
-        self._until = np.full(0, _NOT_KEPT, np.int64)
-        self._size = np.zeros(0, np.uint32)
+        self._kept = IdTable(dict(until=np.int64, size=np.uint32),
+                             keys=np.uint32)
         self._size_max = np.iinfo(np.uint32).max
         # The front: kept samples in eviction order (furthest needed
         # last), read from index _top down; every kept sample whose
@@ -99,23 +101,27 @@ class BeladyCache:
         self._late: list = []
         self._late_limit = 2 * _FRONT_MIN
 
-    # -- per-sample arrays ---------------------------------------------------
+    # -- kept rows ------------------------------------------------------------
 
-    def _grow(self, sample: int) -> None:
-        if sample < 0:
-            raise ValueError(f'sample ids must be >= 0, got {sample}')
-        # Ids are dense (a data set's indices): grow by an eighth.
-        length = max(sample + 1, len(self._until) + len(self._until) // 8)
-        until = np.full(length, _NOT_KEPT, np.int64)
-        until[:len(self._until)] = self._until
-        size = np.zeros(length, self._size.dtype)
-        size[:len(self._size)] = self._size
-        self._until, self._size = until, size
+    @property
+    def count(self) -> int:
+        """Samples kept."""
+        return len(self._kept)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the kept set: its rows, its front and the heap past it
+        (a tuple, two ints and a list slot an entry)."""
+        return (self._kept.nbytes + self._front_until.nbytes +
+                self._front_sample.nbytes + 128 * len(self._late))
 
     def _until_of(self, sample: int) -> int:
-        if 0 <= sample < len(self._until):
-            return self._until.item(sample)
-        return _NOT_KEPT
+        row = self._kept.row(sample)
+        return _NOT_KEPT if row < 0 else \
+            self._kept.columns['until'].item(row)
+
+    def _set_until(self, sample: int, until: int) -> None:
+        self._kept.columns['until'][self._kept.row(sample)] = until
 
     def __contains__(self, sample: int) -> bool:
         return self._until_of(sample) > _TAKEN
@@ -127,34 +133,40 @@ class BeladyCache:
 
     def kept(self) -> np.ndarray:
         """Ids of the kept samples, ascending."""
-        return np.flatnonzero(self._until > _TAKEN)
+        kept = self._kept.column('until') > _TAKEN
+        return np.sort(self._kept.row_keys()[kept])
 
     def kept_by_next_use(self) -> Tuple[np.ndarray, np.ndarray]:
         """``(samples, next uses)`` of the kept samples, the one needed
         furthest ahead first."""
-        samples = self.kept()
-        untils = self._until[samples]
+        untils = self._kept.column('until')
+        kept = untils > _TAKEN
+        samples, untils = self._kept.row_keys()[kept], untils[kept]
         order = _furthest_first(untils, samples)[::-1]
         return samples[order], untils[order]
 
     def _discard(self, sample: int) -> None:
-        self._until[sample] = _NOT_KEPT
-        self.used -= self._size.item(sample)
-        self.count -= 1
+        self.used -= self._kept.columns['size'].item(self._kept.row(sample))
+        self._kept.remove(sample)
+
+    def _fit_size(self, size: int) -> None:
+        if size > self._size_max:
+            self._kept.widen('size', np.int64)
+            self._size_max = np.iinfo(np.int64).max
 
     def keep(self, sample: int, until: int, size: int) -> None:
         """Count ``sample`` as kept until tick ``until`` (already on disk)."""
-        if sample >= len(self._until) or sample < 0:
-            self._grow(sample)
-        if self._until.item(sample) > _TAKEN:
-            self._discard(sample)
-        if size > self._size_max:
-            self._size = self._size.astype(np.int64)
-            self._size_max = np.iinfo(np.int64).max
-        self._until[sample] = until
-        self._size[sample] = size
+        if sample < 0:
+            raise ValueError(f'sample ids must be >= 0, got {sample}')
+        self._fit_size(size)
+        row = self._kept.row(sample)
+        if row < 0:
+            row = self._kept.insert(sample)
+        else:
+            self.used -= self._kept.columns['size'].item(row)
+        self._kept.columns['until'][row] = until
+        self._kept.columns['size'][row] = size
         self.used += size
-        self.count += 1
         if self._floor is None or (until, -sample) >= self._floor:
             heapq.heappush(self._late, (-until, sample))
             if len(self._late) > self._late_limit:
@@ -168,36 +180,40 @@ class BeladyCache:
             raise ValueError('keep_all needs distinct sample ids')
         if not len(samples):
             return
-        if samples.min() < 0 or samples.max() >= len(self._until):
-            self._grow(int(samples.max() if samples.min() >= 0 else
-                           samples.min()))
+        if samples.min() < 0:
+            raise ValueError(
+                f'sample ids must be >= 0, got {int(samples.min())}')
         sizes = np.asarray(sizes, np.int64)
-        if sizes.max() > self._size_max:
-            self._size = self._size.astype(np.int64)
-            self._size_max = np.iinfo(np.int64).max
-        was = samples[self._until[samples] > _TAKEN]
-        self.used -= int(self._size[was].sum())
-        self._until[samples] = untils
-        self._size[samples] = sizes
+        self._fit_size(int(sizes.max()))
+        rows = self._kept.rows(samples)
+        was = rows >= 0
+        self.used -= int(self._kept.columns['size'][rows[was]].sum())
+        rows[~was] = self._kept.insert_many(samples[~was])
+        self._kept.columns['until'][rows] = untils
+        self._kept.columns['size'][rows] = sizes
         self.used += int(sizes.sum())
-        self.count += len(samples) - len(was)
         self._refill()
 
     # -- eviction order ------------------------------------------------------
 
     def _refill(self) -> None:
         """Fill the front with the kept samples needed furthest ahead (a
-        scan of every sample, in slices)."""
+        scan of the kept rows, in slices)."""
         size = max(_FRONT_MIN, self.count >> 6)
         self._late_limit = 2 * size
         untils = np.empty(0, np.int64)
         samples = np.empty(0, np.int64)
-        for start in range(0, len(self._until), _SCAN):
-            part = self._until[start:start + _SCAN]
+        kept_untils, kept_samples = self._kept.column('until'), \
+            self._kept.keys
+        for start in range(0, len(kept_untils), _SCAN):
+            part = kept_untils[start:start + _SCAN]
             least = untils[0] if len(untils) == size else _TAKEN + 1
             chosen = np.flatnonzero(part >= least)
             untils = np.concatenate([untils, part[chosen]])
-            samples = np.concatenate([samples, chosen + start])
+            samples = np.concatenate([
+                samples,
+                kept_samples[start:start + _SCAN][chosen].astype(np.int64)
+            ])
             order = _furthest_first(untils, samples)[-size:]
             untils, samples = untils[order], samples[order]
         self._front_until, self._front_sample = untils, samples
@@ -212,10 +228,10 @@ class BeladyCache:
         until, sample = self._front_until, self._front_sample
         while True:
             while self._top >= 0 and until.item(self._top) != \
-                    self._until.item(sample.item(self._top)):
+                    self._until_of(sample.item(self._top)):
                 self._top -= 1
             while self._late and -self._late[0][0] != \
-                    self._until.item(self._late[0][1]):
+                    self._until_of(self._late[0][1]):
                 heapq.heappop(self._late)
             if self._top >= 0:
                 front = (until.item(self._top), sample.item(self._top))
@@ -276,9 +292,7 @@ class BeladyCache:
               next_use: int) -> Tuple[bool, Optional[List[int]]]:
         """Whether the read hits, and the samples dropped to keep it (None:
         not kept)."""
-        if sample >= len(self._until) or sample < 0:
-            self._grow(sample)
-        until = self._until.item(sample)
+        until = self._until_of(sample)
         hit = until == tick or until == BEYOND
         if until > _TAKEN:
             self._discard(sample)
@@ -303,13 +317,13 @@ class BeladyCache:
             later, victim, from_front = top
             self._pop(from_front)
             # (its other entries, if any, no longer match)
-            self._until[victim] = _TAKEN
+            self._set_until(victim, _TAKEN)
             victims.append((later, victim))
-            freed += self._size.item(victim)
+            freed += self._kept.columns['size'].item(self._kept.row(victim))
         if self.used - freed + size > self.capacity:
             # Not enough is needed later than this sample: keep them all.
             for later, victim in victims:
-                self._until[victim] = later
+                self._set_until(victim, later)
                 heapq.heappush(self._late, (-later, victim))
             return None
         dropped = []

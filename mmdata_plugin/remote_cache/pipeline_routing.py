@@ -115,6 +115,22 @@ class SampleFiles:
             if key != HEAD_SOURCE_KEY or not self.head_serves(path)
         ]
 
+    def nbytes(self, sample: int) -> Optional[int]:
+        """Bytes of the files under the path keys (a head's or not) as the
+        dataset tells them without reading one, from its
+        ``sample_nbytes(idx, key)`` (e.g. :class:`~mmdata_plugin.datasets.
+        TarShardDataset`'s shard index); None when it cannot tell."""
+        told = getattr(self.dataset, 'sample_nbytes', None)
+        if told is None:
+            return None
+        total = 0
+        for key in self.path_keys:
+            size = told(sample, key)
+            if size is None:
+                return None
+            total += size
+        return total
+
     def _paths(self, sample: int) -> List[tuple]:
         info = self.dataset.get_data_info(sample)
         return [(key, info[key]) for key in self.path_keys

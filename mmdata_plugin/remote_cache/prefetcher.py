@@ -36,6 +36,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Dict, List, Optional
 
+import numpy as np
 from mmengine.logging import print_log
 
 from ..cache.node_store import CacheBudgetError
@@ -45,9 +46,9 @@ from .consumption_cursors import CursorReader
 from .download_processes import DownloadResult, ProcessDownloads
 from .node_cache_backend import (NAMESPACE, DownloadNotWanted, RemoteReader,
                                  write_victims)
-from .file_holders import FileHolders
+from .booked_samples import BookedSamples
+from .file_holders import FileHolders, digest_key
 from .read_once import ReadOnceMarks
-from .sample_sizes import SampleSizes
 from .stream_planner import StreamPlanner
 from .window_ahead import EnteringSamples
 
@@ -82,7 +83,15 @@ class NodePrefetcher:
             must use :meth:`victims` as eviction policy.
         stream (NodeStream): The node's stream.
         sample_urls (callable): ``sample_urls(sample_id) -> list[str]``,
-            the files a sample reads.
+            the files a read of a sample reads. The books keep no file
+            names: a booked sample's files are asked again when needed,
+            from ``sample_urls.files(sample_id)`` when it has that method
+            (every file a sample may read, also those a pipeline head
+            serves since: :class:`~.pipeline_routing.SampleFiles`). When
+            it has an ``nbytes`` method, ``nbytes(sample_id)`` is the
+            sample's size if known without reading (a shard index), else
+            None: the plan counts a sample the books do not size at it,
+            else at the mean size downloaded.
         cursors (CursorReader): The positions of the node's ranks.
         reserve (int, optional): Bytes of the budget for files downloaded
             ahead of their read and not kept (the plan keeps samples in
@@ -144,11 +153,15 @@ class NodePrefetcher:
         # The last of those reads' ticks.
         self._last_read: Dict[int, int] = {}
         self._releases: list = []
-        # Files of the samples the plan has on its books (read ahead or
-        # kept), and the samples booking each file's digest (samples may
-        # share a file: one per person of a picture, a repeated dataset).
-        self._urls: Dict[int, List[str]] = {}
+        # The samples the plan has on its books (read ahead or kept) with
+        # their learned sizes, and the samples booking each file (samples
+        # may share a file: one per person of a picture, a repeated
+        # dataset). A booked sample's files are asked again when needed
+        # (booked_files): only those of samples with decided reads ahead
+        # are at hand, the rest of the books are a few ints a sample.
+        self._books = BookedSamples()
         self._booked = FileHolders()
+        self._files_ahead: Dict[int, List[str]] = {}
         # Digests of files a reader read before the plan decided their
         # tick (a reader ahead of the plan downloads on demand), oldest
         # first.
@@ -158,7 +171,6 @@ class NodePrefetcher:
         self._staged_bytes = 0
         # digest -> (sample, url) of files marked to go at their read.
         self._marked: Dict[str, tuple] = {}
-        self._sizes = SampleSizes()
         # Growing windows: the next epoch's entering samples, and those
         # booked ahead whose first read the plan has not decided yet.
         self._entering = (EnteringSamples(stream)
@@ -200,26 +212,44 @@ class NodePrefetcher:
     # -- sizes --------------------------------------------------------------
 
     def size_of(self, sample: int) -> int:
-        size = self._sizes.get(sample)
+        size = self._books.size(sample)
+        if size is None:
+            size = self._told_size(sample)
         return int(self._mean_size) if size is None else size
 
+    def _told_size(self, sample: int) -> Optional[int]:
+        """The size the source tells without a download, or None."""
+        nbytes = getattr(self.sample_urls, 'nbytes', None)
+        return None if nbytes is None else nbytes(sample)
+
     def _learn_size(self, sample: int, size: int) -> None:
-        # The mean is over the sizes learned, not the table: samples that
-        # read no file (or whose file a pipeline head serves) are in the
-        # table with 0 bytes, and would pull the mean of what is
-        # downloaded towards 0 -- or, counted without their 0, hold it
-        # near the first guess.
-        self._sizes.set(sample, size)
+        # The mean is over the sizes learned, not the books: samples that
+        # read no file (or whose file a pipeline head serves) are booked
+        # with 0 bytes, and would pull the mean of what is downloaded
+        # towards 0 -- or, counted without their 0, hold it near the
+        # first guess. A sample off the books by now keeps no size.
+        self._books.learn(sample, size)
         self._sizes_learned += 1
         self._mean_size += (size - self._mean_size) / self._sizes_learned
         self._largest_size = max(self._largest_size, size)
 
+    def _learn_sizes(self, samples: List[int], sizes: List[int]) -> None:
+        """:meth:`_learn_size` of many samples at once."""
+        if not samples:
+            return
+        self._books.learn_many(samples, sizes)
+        learned = self._sizes_learned + len(sizes)
+        self._mean_size += (sum(sizes) - len(sizes) * self._mean_size) / \
+            learned
+        self._sizes_learned = learned
+        self._largest_size = max(self._largest_size, max(sizes))
+
     def _download_hint(self, sample: int) -> int:
-        """Bytes reserved before downloading ``sample``: its size, else the
-        largest seen (a hint the file outgrows waits for room while its
-        reader may be waiting on it)."""
-        return self._sizes.get(sample) or max(self._largest_size,
-                                              int(self._mean_size))
+        """Bytes reserved before downloading ``sample``: its size (learned,
+        or told by the source), else the largest seen (a hint the file
+        outgrows waits for room while its reader may be waiting on it)."""
+        return (self._books.size(sample) or self._told_size(sample)
+                or max(self._largest_size, int(self._mean_size)))
 
     def _present(self, urls: List[str]) -> bool:
         return all(
@@ -227,6 +257,9 @@ class NodePrefetcher:
 
     def _digest(self, url: str) -> str:
         return os.path.basename(self.reader.entry_path(url))
+
+    def _file_key(self, url: str) -> int:
+        return digest_key(self._digest(url))
 
     # -- start --------------------------------------------------------------
 
@@ -250,18 +283,23 @@ class NodePrefetcher:
                 for url in self.sample_urls(sample):
                     with self.reader.fetch(url) as entry:
                         sizes[url] = os.path.getsize(entry.path)
-        present = []
+        present, files = [], []
         for sample in set(self.planner.lookahead(self.horizon).tolist()):
             urls = list(self.sample_urls(sample))
             if urls and all(url in sizes for url in urls):
-                self._learn_size(sample, sum(sizes[url] for url in urls))
                 present.append(sample)
-        self.reserve = self._sized_reserve()
-        self.planner.cache.capacity = self.store.limit - self.reserve
+                files.append(urls)
         with self._lock:
+            # Booked to hold their sizes while the plan adopts them.
+            self._book_many(present, files)
+            self._learn_sizes(present,
+                              [sum(map(sizes.get, urls)) for urls in files])
+            self.reserve = self._sized_reserve()
+            self.planner.cache.capacity = self.store.limit - self.reserve
             self.planner.adopt(present)
-            for sample in self.planner.cache.kept().tolist():
-                self._book(sample)
+            for sample, urls in zip(present, files):
+                if sample not in self.planner.cache:
+                    self._unbook(sample, urls)
 
     def needed_reserve(self) -> int:
         """Bytes the files read ahead and not kept need (Little's law):
@@ -321,38 +359,80 @@ class NodePrefetcher:
               files: Optional[List[str]] = None) -> List[str]:
         """Put ``sample`` on the books (``files``: what ``sample_urls``
         just said of it); its booked files."""
-        urls = self._urls.get(sample)
-        if urls is None:
-            urls = self._urls[sample] = list(
-                self.sample_urls(sample) if files is None else files)
-            if not urls:
-                # Reads no file (its path keys are empty, or a pipeline
-                # head serves it): nothing to download or keep.
-                self._sizes.set(sample, 0)
-            for url in urls:
-                if self._booked.add(self._digest(url), sample) > 1:
-                    # Another sample's read must not free it.
-                    self._unmark(url)
+        if sample in self._books:
+            return self.booked_files(sample, files)
+        urls = list(self.sample_urls(sample) if files is None else files)
+        self._books.add(sample, len(urls))
+        if not urls:
+            # Reads no file (its path keys are empty, or a pipeline
+            # head serves it): nothing to download or keep.
+            self._books.learn(sample, 0)
+        for url in urls:
+            if self._booked.add(self._file_key(url), sample) > 1:
+                # Another sample's read must not free it.
+                self._unmark(url)
         return urls
 
-    def _unbook(self, sample: int) -> List[str]:
-        """Take ``sample`` off the books; its files no other booked
-        sample reads."""
+    def _book_many(self, samples: List[int],
+                   files: List[List[str]]) -> None:
+        """:meth:`_book` of many samples not on the books, ``files`` the
+        files of each (a warm start's, or a benchmark's kept set)."""
+        counts = list(map(len, files))
+        self._books.add_many(samples, counts)
+        # (those that read no file: 0 bytes, as _book)
+        empty = [sample for sample, count in zip(samples, counts) if not count]
+        self._books.learn_many(empty, [0] * len(empty))
+        urls = [url for listed in files for url in listed]
+        shared = self._booked.add_many(
+            [self._file_key(url) for url in urls], np.repeat(samples, counts))
+        for index in np.flatnonzero(shared).tolist():
+            self._unmark(urls[index])
+
+    def booked_files(self, sample: int,
+                     asked: Optional[List[str]] = None) -> List[str]:
+        """The files ``sample`` booked (none when off the books): at hand
+        while a decided read of it is ahead, else those of its files (of
+        ``asked``, a list just asked, when it has them all) that the books
+        say it booked."""
+        count = self._books.files(sample)
+        if not count:
+            return []
+        urls = self._files_ahead.get(sample)
+        if urls is not None:
+            return urls
+        if asked is not None:
+            urls = self._booked_among(sample, asked)
+            if len(urls) == count:
+                return urls
+        every = getattr(self.sample_urls, 'files', self.sample_urls)
+        return self._booked_among(sample, every(sample))
+
+    def _booked_among(self, sample: int, listed: List[str]) -> List[str]:
+        return [
+            url for url in listed
+            if self._booked.holds(self._file_key(url), sample)
+        ]
+
+    def _unbook(self, sample: int, urls: List[str]) -> List[str]:
+        """Take ``sample`` (booking ``urls``) off the books; its files no
+        other booked sample reads."""
         gone = []
-        for url in self._urls.pop(sample):
-            if self._booked.remove(self._digest(url), sample):
+        for url in urls:
+            if self._booked.remove(self._file_key(url), sample):
                 gone.append(url)
+        self._books.remove(sample)
+        self._files_ahead.pop(sample, None)
         return gone
 
     def _shared(self, url: str) -> bool:
-        return self._booked.count(self._digest(url)) > 1
+        return self._booked.count(self._file_key(url)) > 1
 
-    def _sharing(self, sample: int) -> set:
+    def _sharing(self, sample: int, urls: List[str]) -> set:
         """The other booked samples that read a file of ``sample``."""
         return {
             other
-            for url in self._urls.get(sample, ())
-            for other in self._booked.of(self._digest(url))
+            for url in urls
+            for other in self._booked.of(self._file_key(url))
             if other != sample
         }
 
@@ -375,20 +455,23 @@ class NodePrefetcher:
         if self._marked.pop(digest, None) is not None:
             self.marks.unmark(digest)
 
-    def _settle(self, sample: int) -> List[str]:
-        """Bring the staging and read-once marks of ``sample``'s files in
-        line with the plan; its files when nothing needs them any more.
+    def _settle(self, sample: int,
+                urls: Optional[List[str]] = None) -> List[str]:
+        """Bring the staging and read-once marks of ``sample``'s files
+        (``urls`` when at hand) in line with the plan; its files when
+        nothing needs them any more.
 
         Kept: counted in the plan's capacity, stays after every read. Not
         kept with reads ahead: staged; with one read ahead, marked to go
         at that read. Neither: gone.
         """
-        urls = self._urls.get(sample)
-        if urls is None:
+        if sample not in self._books:
             return []
+        if urls is None:
+            urls = self.booked_files(sample)
         kept = sample in self.planner.cache
         if not urls:
-            return [] if kept else self._unbook(sample)
+            return [] if kept else self._unbook(sample, urls)
         reads = self._reads.get(sample, 0)
         if kept or not reads:
             for url in urls:
@@ -398,8 +481,8 @@ class NodePrefetcher:
                     self._unmark(url)
             if kept:
                 return []
-            others = self._sharing(sample)
-            gone = self._unbook(sample)
+            others = self._sharing(sample, urls)
+            gone = self._unbook(sample, urls)
             for other in others:
                 # Its files are its own now: marked to go at its read.
                 gone += self._settle(other)
@@ -463,9 +546,11 @@ class NodePrefetcher:
                 del self._last_read[sample]
                 # Its reads are past: a report of one of them says nothing
                 # of the next.
-                for url in self._urls.get(sample, ()):
+                for url in self.booked_files(sample):
                     self._read_ahead.pop(self._digest(url), None)
             gone.extend(self._settle(sample))
+            if sample not in self._reads:
+                self._files_ahead.pop(sample, None)
         return gone
 
     def _evict(self, urls: List[str]) -> None:
@@ -489,7 +574,6 @@ class NodePrefetcher:
         ahead), then files no plan needs that were published within the
         last seconds."""
         with self._lock:
-            needed = {url for urls in self._urls.values() for url in urls}
             soon = self.position + self.window()
             # Kept for a read beyond the window, but not while a read of
             # it within the window is still ahead (the reader would find
@@ -509,7 +593,7 @@ class NodePrefetcher:
         settled = max(self._started_at, time.time() - _JUST_PUBLISHED)
         recent = []
         for row in self.store.entries(NAMESPACE):
-            if row.key not in needed and row.key not in leaving:
+            if row.key not in leaving and not self._booked_file(row.digest):
                 if row.last_access > settled:
                     recent.append(row.key)
                 else:
@@ -518,14 +602,20 @@ class NodePrefetcher:
         for url in recent:
             yield NAMESPACE, url
 
+    def _booked_file(self, digest: str) -> bool:
+        with self._lock:
+            return digest_key(digest) in self._booked
+
     def _files_of_kept(self, kept: List[int]):
         """The files of the ``kept`` samples, each once, and none that a
         booked sample outside ``kept`` reads (a shared file)."""
         evictable, seen = set(kept), set()
         for sample in kept:
-            for url in self._urls.get(sample, ()):
+            with self._lock:
+                urls = self.booked_files(sample)
+            for url in urls:
                 with self._lock:
-                    holders = self._booked.of(self._digest(url))
+                    holders = self._booked.of(self._file_key(url))
                     wanted = url not in seen and holders <= evictable
                 if wanted:
                     seen.add(url)
@@ -696,7 +786,7 @@ class NodePrefetcher:
         # books, but a head may serve one since, and then it is not
         # downloaded.
         files = self.sample_urls(sample)
-        read = sample not in self._urls and self._read_already(files)
+        read = sample not in self._books and self._read_already(files)
         urls = self._book(sample, files)
         # Booked again before this round evicted it: it stays.
         self._leaving.difference_update(urls)
@@ -706,11 +796,12 @@ class NodePrefetcher:
             # meanwhile is downloaded for its next read, when the plan
             # decides that one (now, the plan could drop it before).
             self.stats['read_before_planned'] += 1
-            self._leaving.update(self._settle(sample))
+            self._leaving.update(self._settle(sample, urls))
             return None
         else:
             self._reads[sample] = self._reads.get(sample, 0) + 1
             self._last_read[sample] = tick
+            self._files_ahead[sample] = urls
             heapq.heappush(self._releases, (tick, sample))
             self._settle(sample)
         download = self._download_of(sample, files)
@@ -759,7 +850,7 @@ class NodePrefetcher:
                 entering.clear()
                 break
             tick, sample = item
-            if tick < planner.tick or sample in self._urls:
+            if tick < planner.tick or sample in self._books:
                 # The plan got there first.
                 entering.pop()
                 continue

@@ -17,6 +17,7 @@ from mmdata_plugin.datasets import (RankShardedSampler, ShardWindowSampler,
                                     TarShardDataset, expand_shards)
 from mmdata_plugin.datasets.annotation_lines import AnnotationFormatError
 from mmdata_plugin.datasets.tar_shard_writer import pack_image_list
+from mmdata_plugin.remote_cache.pipeline_routing import SampleFiles
 from mmdata_plugin.testing import LoopbackHTTPServer, run_script
 
 TAR_CONFIG = osp.join(REPO_ROOT, 'configs', 'demo',
@@ -136,6 +137,17 @@ def test_workers_give_the_samplers_samples(shard_folder, sampler_type,
         torch.cat([batch['inputs'] for batch in in_process]))
 
 
+def test_sizes_come_from_the_index(shard_folder):
+    # The node cache's plan sizes a sample it never downloaded by them.
+    root, expected = shard_folder
+    dataset = make_dataset(root)
+    files = SampleFiles(dataset, ('img_path', 'seg_map_path'))
+    for idx, (_, members) in enumerate(expected):
+        assert dataset.sample_nbytes(idx, 'img_path') == len(members['jpg'])
+        assert dataset.sample_nbytes(idx, 'seg_map_path') == 0
+        assert files.nbytes(idx) == len(members['jpg'])
+
+
 def test_remote_shards_and_json_annotations(tmp_path):
     objects = {}
     for shard in range(2):
@@ -159,6 +171,9 @@ def test_remote_shards_and_json_annotations(tmp_path):
         assert (info['gt_label'], info['note']) == (1, info['sample_key'])
         assert info['shard'] == srv.url('tar/train-1.tar')
         assert dataset[4]['inputs'].shape == (3, 16, 24)
+        # A .json member may name a file of its own: its size is unknown.
+        assert dataset.sample_nbytes(4, 'seg_map_path') is None
+        assert dataset.sample_nbytes(4, 'sample_key') == 0
 
 
 def test_a_json_member_may_not_name_another_file(tmp_path):

@@ -127,27 +127,30 @@ def test_hits_are_those_of_access():
     assert hits.tolist() == each and 0 < sum(each) < len(trace)
 
 
-def test_kept_set_costs_a_few_bytes_a_sample(monkeypatch):
-    # 400,000 samples, a quarter kept, then a fifth (the front used up and
-    # refilled): the arrays (12 bytes a sample, ids grown by an eighth)
-    # and a front of 1/64 of the kept set; no Python object per kept
-    # sample (a dict and heap entry each cost ~250 bytes).
+def test_kept_set_costs_bytes_per_kept_sample_not_per_id(monkeypatch):
+    # 100,000 samples of ids up to 1e8 kept, then 80,000 (the front used
+    # up and refilled): rows of 16 bytes (grown by an eighth), an index of
+    # 5-11 bytes a kept sample and a front of 1/64 of the kept set; no
+    # array by sample id (12 bytes an id, 1.2 GB here) and no Python
+    # object per kept sample (a dict and heap entry each cost ~250 bytes).
     monkeypatch.setattr(belady, '_FRONT_MIN', 256)
-    samples = 400_000
+    ids, count = 10**8, 100_000
     rng = np.random.default_rng(0)
-    kept = rng.permutation(samples)[:samples // 4].tolist()
-    untils = rng.permutation(10 * samples)[:samples // 4].tolist()
+    kept = rng.choice(ids, count, replace=False).tolist()
+    untils = rng.permutation(10 * count)[:count].tolist()
     tracemalloc.start()
-    cache = BeladyCache(samples // 4)
+    cache = BeladyCache(count)
     for sample, until in zip(kept, untils):
         cache.keep(sample, until, 1)
-    dropped = cache.resize(samples // 5)
+    dropped = cache.resize(count * 4 // 5)
+    furthest = sorted(zip(untils, kept), reverse=True)[:count // 5]
+    assert dropped == [sample for _, sample in furthest]
+    del dropped, furthest
     held = tracemalloc.get_traced_memory()[0]
     tracemalloc.stop()
-    assert cache.count == samples // 5 and len(dropped) == samples // 20
-    furthest = sorted(zip(untils, kept), reverse=True)[:samples // 20]
-    assert dropped == [sample for _, sample in furthest]
-    assert held / samples < 16, held / samples
+    assert cache.count == count * 4 // 5
+    assert held / count <= 32, held / count
+    assert cache.nbytes / count <= 32, cache.nbytes / count
 
 
 def test_sizes_past_4_gib_and_bad_ids():

@@ -162,7 +162,7 @@ def test_kept_files_are_evicted_needed_furthest_ahead_first(tmp_path):
     next_read = {
         url: cache.next_use(sample)
         for sample in cache.kept().tolist()
-        for url in prefetcher._urls[sample]
+        for url in prefetcher.booked_files(sample)
     }
     order = [
         next_read[url] for _, url in prefetcher.victims()
@@ -258,8 +258,7 @@ def test_a_queued_download_of_a_file_already_read_is_dropped(tmp_path):
     prefetcher.poll()
     while prefetcher.status()['inflight']:
         time.sleep(0.001)
-    booked = set(prefetcher._urls)
-    unbooked = next(s for s in range(120) if s not in booked)
+    unbooked = next(s for s in range(120) if s not in prefetcher._books)
     produced = prefetcher.store.counters(NAMESPACE)['produced']
     # As _download_of does when it queues one.
     prefetcher._inflight += 1
@@ -286,7 +285,7 @@ def test_the_store_never_evicts_a_kept_file_before_a_read_ahead(tmp_path):
         url
         for sample in cache.kept().tolist()
         if cache.next_use(sample) >= soon and prefetcher._reads.get(sample)
-        for url in prefetcher._urls[sample]
+        for url in prefetcher.booked_files(sample)
     }
     assert waiting
     offered = {url for _, url in prefetcher.victims(SIZE)}
@@ -317,7 +316,7 @@ def test_auto_reserve_is_what_the_window_needs(tmp_path):
     prefetcher._rate = 4000.0
     cache = prefetcher.planner.cache
     cache.keep(10**6, 10**9, cache.capacity - cache.used)
-    prefetcher._urls[10**6] = []
+    prefetcher._book(10**6, [])
     prefetcher._resize_reserve()
     assert prefetcher.reserve == 100 * SIZE
     assert 10**6 not in cache and cache.used <= 1900 * SIZE
