@@ -83,7 +83,6 @@ caller opens it (POSIX keeps an opened file readable); callers treat
 import contextlib
 import errno
 import fcntl
-import functools
 import hashlib
 import os
 import re
@@ -261,14 +260,6 @@ class _ReservedWriter:
         self._file.flush()
 
 
-# A node prefetcher asks the digest of each file several times while it
-# books, stages and marks it (a sha256 of ~100 characters each time); the
-# last few thousand keys are remembered (~1 MB).
-@functools.lru_cache(maxsize=1 << 12)
-def _key_digest(namespace: str, key: str) -> str:
-    return hashlib.sha256(f'{namespace}\0{key}'.encode()).hexdigest()[:40]
-
-
 class NodeStore:
     """A bounded cache directory shared by the processes of one node.
 
@@ -357,7 +348,7 @@ class NodeStore:
                 'digits or "_", starting with a letter')
         if not isinstance(key, str):
             raise TypeError(f'a store key is a str, got {type(key).__name__}')
-        return _key_digest(namespace, key)
+        return hashlib.sha256(f'{namespace}\0{key}'.encode()).hexdigest()[:40]
 
     def _entry_path(self, namespace: str, digest: str) -> str:
         # formatted, not os.path.join'ed: asked several times per download
