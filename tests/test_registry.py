@@ -46,7 +46,7 @@ def _builders(demo_root, tmp_path):
 
     import torch
 
-    from mmdata_plugin.datasets import TarShardDataset
+    from mmdata_plugin.datasets import TarShardDataset, pack_image_list_mds
     from mmdata_plugin.datasets.tar_shard_writer import pack_image_list
 
     # Packed apart from the shared demo set, which other tests read.
@@ -55,6 +55,9 @@ def _builders(demo_root, tmp_path):
         osp.join(demo_root, 'val.txt'), demo_root,
         osp.join(tar_root, 'tar'), 'val', samples_per_shard=16)
     tar_cfg = dict(data_root=tar_root, shards='tar/val-*.tar', ann_ext='cls')
+    pack_image_list_mds(
+        osp.join(demo_root, 'val.txt'), demo_root,
+        osp.join(tar_root, 'mds'), samples_per_shard=16)
     return {
         ('MODELS', 'TinyCNNClassifier'): (dict(num_classes=3), {}),
         ('DATASETS', 'ImageListDataset'):
@@ -63,6 +66,9 @@ def _builders(demo_root, tmp_path):
         (dict(data_root=demo_root, ann_file='val.txt'), {}),
         ('DATASETS', 'TarShardDataset'):
         (tar_cfg, {}),
+        ('DATASETS', 'MDSShardDataset'):
+        (dict(data_root=tar_root, index='mds/index.json',
+              label_column='label'), {}),
         ('DATA_SAMPLERS', 'RankShardedSampler'):
         (dict(mini_epochs=2), dict(dataset=range(8), seed=0)),
         ('DATA_SAMPLERS', 'RankShardedInfiniteSampler'):

@@ -16,17 +16,18 @@ from mmdata_plugin.testing import LoopbackHTTPServer, run_script
 from mmdata_plugin.utils import make_demo_dataset
 
 PER_SHARD = 25
+DEMO_CONFIGS = osp.join(REPO_ROOT, 'configs', 'demo')
 #: Per format: the config, its shard options, the train shards' folder.
 FORMATS = {
-    'tar': (f'{REPO_ROOT}/configs/demo/tinycnn_demo-jpeg-tar-http-'
-            'nodecache.py', {
+    'tar': (osp.join(DEMO_CONFIGS, 'tinycnn_demo-jpeg-tar-http-nodecache.py'),
+            {
                 'train_dataloader.dataset.shards':
                 'tar/train-{000000..000004}.tar',
                 'val_dataloader.dataset.shards': 'tar/val-{000000..000000}.tar',
             }, 'tar'),
     # The shard-aware order: neighbours come in one range GET.
-    'mds': (f'{REPO_ROOT}/configs/demo/tinycnn_demo-jpeg-mds-http-'
-            'nodecache.py', {}, 'mds/train'),
+    'mds': (osp.join(DEMO_CONFIGS, 'tinycnn_demo-jpeg-mds-http-nodecache.py'),
+            {}, 'mds/train'),
 }
 
 
