@@ -136,13 +136,23 @@ class BeladyCache:
         kept = self._kept.column('until') > _TAKEN
         return np.sort(self._kept.row_keys()[kept])
 
-    def kept_by_next_use(self) -> Tuple[np.ndarray, np.ndarray]:
+    def kept_by_next_use(
+            self,
+            most: Optional[int] = None) -> Tuple[np.ndarray, np.ndarray]:
         """``(samples, next uses)`` of the kept samples, the one needed
-        furthest ahead first."""
+        furthest ahead first; with ``most``, the first ``most`` of them,
+        found by a partition, not a sort of them all (the prefetcher's
+        victims are asked of up to 1e7 kept samples every half second)."""
         untils = self._kept.column('until')
         kept = untils > _TAKEN
         samples, untils = self._kept.row_keys()[kept], untils[kept]
-        order = _furthest_first(untils, samples)[::-1]
+        if most is not None and most < len(untils):
+            # Every sample at or past the most-th furthest next use (ties
+            # at it included): the sort of those orders ties as a full one.
+            cut = np.partition(untils, len(untils) - most)[-most]
+            chosen = untils >= cut
+            samples, untils = samples[chosen], untils[chosen]
+        order = _furthest_first(untils, samples)[::-1][:most]
         return samples[order], untils[order]
 
     def _discard(self, sample: int) -> None:

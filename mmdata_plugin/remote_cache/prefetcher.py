@@ -34,7 +34,7 @@ import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, Iterable, Iterator, List, Optional
 
 import numpy as np
 from mmengine.logging import print_log
@@ -71,6 +71,9 @@ _ROOM_WAIT = 2.0
 _JUST_PUBLISHED = 2.0
 #: Reads ahead of the plan remembered until the plan decides them.
 _READ_AHEAD_MEMORY = 1 << 16
+#: Kept samples asked of the plan at first for the victims (then 8x more
+#: at a time, while they are taken).
+_VICTIMS_CHUNK = 1 << 12
 #: Gauges of the running prefetcher, for monitors (JSON, replaced atomically).
 STATUS_FILE = 'planner/status.json'
 
@@ -575,15 +578,6 @@ class NodePrefetcher:
         last seconds."""
         with self._lock:
             soon = self.position + self.window()
-            # Kept for a read beyond the window, but not while a read of
-            # it within the window is still ahead (the reader would find
-            # nothing and download it again).
-            kept = [] if self.planner is None else [
-                sample for sample, until in zip(
-                    *(part.tolist()
-                      for part in self.planner.cache.kept_by_next_use()))
-                if until >= soon and not self._reads.get(sample)
-            ]
             leaving = list(self._leaving)
         for url in leaving:
             yield NAMESPACE, url
@@ -598,19 +592,44 @@ class NodePrefetcher:
                     recent.append(row.key)
                 else:
                     yield NAMESPACE, row.key
-        yield from self._files_of_kept(kept)
+        yield from self._files_of_kept(self._kept_beyond(soon))
         for url in recent:
             yield NAMESPACE, url
+
+    def _kept_beyond(self, soon: int) -> Iterator[int]:
+        """The kept samples read next beyond tick ``soon``, the one read
+        furthest ahead first, but none with a read within the window still
+        ahead (its reader would find nothing and download it again). Asked
+        of the plan a chunk at a time: the victims' readers take the first
+        few thousand of up to 1e7."""
+        done, most = 0, _VICTIMS_CHUNK
+        while True:
+            with self._lock:
+                if self.planner is None:
+                    return
+                samples, untils = self.planner.cache.kept_by_next_use(most)
+                chunk = [
+                    sample for sample, until in zip(
+                        samples[done:].tolist(), untils[done:].tolist())
+                    if until >= soon and not self._reads.get(sample)
+                ]
+                ended = len(samples) < most or untils[-1] < soon
+            yield from chunk
+            if ended:
+                return
+            done, most = most, 8 * most
 
     def _booked_file(self, digest: str) -> bool:
         with self._lock:
             return digest_key(digest) in self._booked
 
-    def _files_of_kept(self, kept: List[int]):
+    def _files_of_kept(self, kept: Iterable[int]):
         """The files of the ``kept`` samples, each once, and none that a
-        booked sample outside ``kept`` reads (a shared file)."""
-        evictable, seen = set(kept), set()
+        booked sample not among the ``kept`` so far reads (a shared
+        file)."""
+        evictable, seen = set(), set()
         for sample in kept:
+            evictable.add(sample)
             with self._lock:
                 urls = self.booked_files(sample)
             for url in urls:

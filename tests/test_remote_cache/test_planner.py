@@ -101,6 +101,20 @@ def test_kept_samples_are_listed_needed_furthest_ahead_first():
     assert untils.tolist() == [90, 65, 40, 12]
 
 
+def test_the_first_kept_samples_are_those_of_the_whole_order():
+    # Found by a partition, with ties at the cut: the same as the prefix
+    # of the sorted order.
+    rng = np.random.default_rng(0)
+    cache = BeladyCache(10**9)
+    for sample in rng.permutation(2000).tolist():
+        cache.keep(sample, int(rng.integers(0, 300)), 1)
+    samples, untils = cache.kept_by_next_use()
+    for most in (1, 7, 100, 1999, 2000, 5000):
+        first, first_untils = cache.kept_by_next_use(most)
+        assert first.tolist() == samples[:most].tolist()
+        assert first_untils.tolist() == untils[:most].tolist()
+
+
 def test_byte_budget_is_never_exceeded_and_bypass_keeps_nothing_late():
     rng = np.random.default_rng(3)
     trace = rng.integers(0, 40, 400)

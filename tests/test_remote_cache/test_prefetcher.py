@@ -17,6 +17,7 @@ from mmdata_plugin.remote_cache.consumption_cursors import (CursorReader,
 from mmdata_plugin.remote_cache.node_cache_backend import (NAMESPACE, READS,
                                                            NodeCacheBackend,
                                                            RemoteReader)
+import mmdata_plugin.remote_cache.prefetcher as prefetcher_module
 from mmdata_plugin.remote_cache.prefetcher import _SIZE_PROBES, NodePrefetcher
 from mmdata_plugin.sample_order import NodeStream, sample_order_of
 from mmdata_plugin.testing import LoopbackHTTPServer
@@ -150,10 +151,14 @@ def test_samples_sharing_a_file_or_reading_none(tmp_path):
     assert prefetcher.store.counters()[READS]['misses'] == 0
 
 
-def test_kept_files_are_evicted_needed_furthest_ahead_first(tmp_path):
+@pytest.mark.parametrize('chunk', [2, 4096])
+def test_kept_files_are_evicted_needed_furthest_ahead_first(
+        tmp_path, monkeypatch, chunk):
     # Belady: when a download needs room, the kept sample read last goes
     # first; taking the one needed soonest would cost a download within
-    # the next ticks.
+    # the next ticks. The kept order is asked of the plan a chunk at a
+    # time (2: many chunks).
+    monkeypatch.setattr(prefetcher_module, '_VICTIMS_CHUNK', chunk)
     prefetcher, writer, urls, cache_dir, limit = build(tmp_path)
     consume(prefetcher, writer, urls, cache_dir, limit, 0,
             prefetcher.stop // 2)
@@ -170,6 +175,13 @@ def test_kept_files_are_evicted_needed_furthest_ahead_first(tmp_path):
     ]
     assert len(order) > 1
     assert order == sorted(order, reverse=True)
+    # All of them, but those read within the window or with a read there.
+    soon = prefetcher.position + prefetcher.window()
+    assert len(order) == sum(
+        len(prefetcher.booked_files(sample))
+        for sample in cache.kept().tolist()
+        if cache.next_use(sample) >= soon
+        and not prefetcher._reads.get(sample))
 
 
 def test_a_shared_file_stays_staged_for_its_other_reader(tmp_path):
