@@ -83,15 +83,22 @@ class MDSShardDataset(TarShardDataset):
             raise MDSShardError(f'{url}: no MDS index.json (a JSON object '
                                 f'with "shards"): {error!r}') from None
         folder = url.rsplit('/', 1)[0]
-        return [
+        shards = [
             f'{folder}/{_raw_basename(entry, number, url)}'
             for number, entry in enumerate(entries)
         ]
+        # Checked when each shard is indexed (read whole then anyway).
+        self._hashes = {
+            shard: _recorded_hashes(entry)
+            for shard, entry in zip(shards, entries)
+        }
+        return shards
 
     def _shard_format(self) -> ShardFormat:
         identity = 'mds ' + ' '.join(f'{ext}={column}'
                                      for ext, column in self.columns.items())
-        return ShardFormat('mds', identity, mds_scanner(self.columns))
+        return ShardFormat('mds', identity,
+                           mds_scanner(self.columns, self._hashes))
 
 
 def _raw_basename(entry: dict, number: int, url: str) -> str:
@@ -109,3 +116,13 @@ def _raw_basename(entry: dict, number: int, url: str) -> str:
     if not isinstance(basename, str) or not basename or '/' in basename:
         raise MDSShardError(f'{where} names no shard file in raw_data')
     return basename
+
+
+def _recorded_hashes(entry: dict) -> dict:
+    """``{algorithm: hex digest}`` index.json records of a shard."""
+    hashes = entry['raw_data'].get('hashes')
+    return {
+        algorithm: digest
+        for algorithm, digest in hashes.items()
+        if isinstance(algorithm, str) and isinstance(digest, str)
+    } if isinstance(hashes, dict) else {}

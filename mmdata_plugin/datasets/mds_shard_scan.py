@@ -12,11 +12,13 @@ bytes as they are (Streaming's ``JPEG`` writes the file it was opened from,
 or PIL's JPEG), so its span in the shard is what ``LoadImageFromFile``
 decodes; a label column (``int``, a fixed-size integer or ``str_int``) is
 read once while indexing; a ``json`` column is an annotation read with the
-sample. The shard is checked end to end while indexing: offsets in order,
-the last one at the file's end, every sample's columns adding up to its
-length.
+sample. The shard is checked end to end while indexing: its digests
+against those ``index.json`` records (hashlib's algorithms), offsets in
+order, the last one at the file's end, every sample's columns adding up to
+its length.
 """
 import functools
+import hashlib
 import json
 from typing import Callable, Dict, Iterator, Optional, Sequence, Tuple
 
@@ -49,10 +51,15 @@ class MDSShardError(TarShardError):
     """An MDS shard is damaged, compressed, or lacks a column asked for."""
 
 
-def mds_scanner(columns: Dict[str, str]) -> Callable:
+def mds_scanner(columns: Dict[str, str],
+                hashes: Optional[Dict[str, Dict[str, str]]] = None
+                ) -> Callable:
     """The ``scan`` of a :class:`~.tar_shard_index.ShardFormat` reading the
-    columns ``{ext: column name}`` of MDS shards."""
-    return functools.partial(iter_mds_samples, columns=columns)
+    columns ``{ext: column name}`` of MDS shards, checking each against
+    the hex digests ``hashes[shard URL]`` (``{algorithm: digest}``, as
+    Streaming's ``index.json`` records them)."""
+    return functools.partial(
+        iter_mds_samples, columns=columns, hashes=hashes or {})
 
 
 def iter_mds_samples(path: str,
@@ -60,7 +67,9 @@ def iter_mds_samples(path: str,
                      exts: Sequence[str],
                      previous: Optional[tuple] = None,
                      *,
-                     columns: Dict[str, str]) -> Iterator[ShardSample]:
+                     columns: Dict[str, str],
+                     hashes: Optional[Dict[str, Dict[str, str]]] = None
+                     ) -> Iterator[ShardSample]:
     """The samples of the local MDS shard ``path``, in shard order.
 
     Args:
@@ -72,6 +81,9 @@ def iter_mds_samples(path: str,
         previous: Unused (MDS samples have no keys to split across
             shards); the scanner protocol of the index passes it.
         columns (dict): ``{ext: column name}``.
+        hashes (dict, optional): ``{shard name: {algorithm: hex digest}}``;
+            those of ``name`` in :mod:`hashlib` are checked (Streaming's
+            ``xxh*`` are not: xxhash is no dependency of ours).
 
     Yields:
         ShardSample: key = the sample's number in the shard, as a string.
@@ -81,6 +93,7 @@ def iter_mds_samples(path: str,
     """
     data = np.memmap(path, np.uint8, 'r') if _size(path) else np.zeros(
         0, np.uint8)
+    _check_hashes(data, name, (hashes or {}).get(name, {}))
     offsets, config = _layout(data, name)
     spans, labels = _column_spans(data, offsets, config, name, exts,
                                   columns)
@@ -93,6 +106,19 @@ def iter_mds_samples(path: str,
                 for ext, (starts, sizes) in spans.items()
             },
             label=None if labels is None else int(labels[number]))
+
+
+def _check_hashes(data: np.ndarray, name: str, hashes: Dict[str,
+                                                               str]) -> None:
+    for algorithm, want in sorted(hashes.items()):
+        if algorithm not in hashlib.algorithms_available or \
+                algorithm.startswith('shake_'):
+            continue
+        got = hashlib.new(algorithm, data).hexdigest()
+        if got != want:
+            raise MDSShardError(
+                f'{name}: its {algorithm} is {got}, index.json says {want} '
+                '(a damaged shard, or not the one the index lists)')
 
 
 def _size(path: str) -> int:

@@ -141,6 +141,31 @@ def test_damaged_shards_are_refused_naming_shard_and_sample(
         len(make(folder, tmp_path))
 
 
+def test_recorded_hashes_are_checked_when_indexing(streaming_copy,
+                                                  tmp_path):
+    folder, expected = streaming_copy
+    index = folder / 'index.json'
+    listed = json.loads(index.read_text())
+    for entry in listed['shards']:
+        data = (folder / entry['raw_data']['basename']).read_bytes()
+        entry['raw_data']['hashes'] = dict(
+            sha1=hashlib.sha1(data).hexdigest(),
+            md5=hashlib.md5(data).hexdigest(),
+            xxh64='not checked: xxhash is no dependency')
+    index.write_text(json.dumps(listed))
+    assert len(make(folder, tmp_path)) == len(expected)
+    # A byte of an image changed: the shard's structure still holds, its
+    # digests do not.
+    path = folder / 'shard.00002.mds'
+    damaged = bytearray(path.read_bytes())
+    damaged[-20] ^= 0xff
+    path.write_bytes(bytes(damaged))
+    with pytest.raises(MDSShardError,
+                       match=f'{path}: its md5 is [0-9a-f]+, index.json '
+                       'says'):
+        len(make(folder, tmp_path / 'again'))
+
+
 def test_a_changed_shard_rebuilds_and_formats_never_share_an_index(
         streaming_copy, tmp_path):
     folder, expected = streaming_copy
