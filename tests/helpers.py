@@ -24,6 +24,23 @@ def quick_cfg_options(max_iters=6, interval=3, **extra):
     return ['--cfg-options'] + [f'{k}={v}' for k, v in options.items()]
 
 
+def train_packed_demo(config: str, packed_root: str, train_env: dict,
+                      work_dir: str) -> str:
+    """``tools/train.py`` on a packed-data demo config for 4 iterations,
+    its data root ``packed_root`` (the shards only: the demo's loose
+    images are not where the config looks); its output, once it has saved
+    a checkpoint and validated."""
+    from mmdata_plugin.testing import run_script
+    env = dict(train_env, MMDATA_DEMO_ROOT=str(packed_root))
+    out = run_script(TRAIN_SCRIPT, [
+        config, '--work-dir',
+        str(work_dir), *quick_cfg_options(max_iters=4, interval=4)
+    ], env=env).stdout
+    assert 'Saving checkpoint at 4 iterations' in out
+    assert 'cls/top1' in out
+    return out
+
+
 def load_tool(name: str):
     """``tools/<name>.py`` as a module (tools are scripts, not a package)."""
     spec = importlib.util.spec_from_file_location(

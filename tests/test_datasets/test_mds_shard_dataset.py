@@ -7,7 +7,7 @@ import shutil
 
 import numpy as np
 import pytest
-from helpers import REPO_ROOT, TRAIN_SCRIPT, quick_cfg_options
+from helpers import REPO_ROOT, train_packed_demo
 from mmengine.fileio import get
 
 from mmdata_plugin.datasets import (MDSShardDataset, MDSShardError,
@@ -15,7 +15,7 @@ from mmdata_plugin.datasets import (MDSShardDataset, MDSShardError,
                                     TarShardError,
                                     pack_image_list_mds)
 from mmdata_plugin.datasets.annotation_lines import iter_path_labels
-from mmdata_plugin.testing import LoopbackHTTPServer, run_script
+from mmdata_plugin.testing import LoopbackHTTPServer
 
 #: Shards written by mosaicml-streaming 0.13.0's MDSWriter (size_limit 3000:
 #: 4 shards of 7 samples; columns image: jpeg, label: int, meta: json,
@@ -253,11 +253,6 @@ def test_demo_config_trains_on_mds_shards(demo_root, train_env, tmp_path):
         pack_image_list_mds(
             osp.join(demo_root, f'{split}.txt'), demo_root,
             str(tmp_path / 'mds' / split), samples_per_shard=16)
-    env = dict(train_env, MMDATA_DEMO_ROOT=str(tmp_path))
-    out = run_script(TRAIN_SCRIPT, [
-        MDS_CONFIG, '--work-dir',
-        str(tmp_path / 'work'), *quick_cfg_options(max_iters=4, interval=4)
-    ], env=env).stdout
+    out = train_packed_demo(MDS_CONFIG, tmp_path, train_env,
+                            tmp_path / 'work')
     assert 'Indexed 4 mds shards: 64 samples' in out
-    assert 'Saving checkpoint at 4 iterations' in out
-    assert 'cls/top1' in out
