@@ -774,11 +774,18 @@ class NodeStore:
 
     def _evict_row(self, row: EntryRow) -> int:
         size = self._ledger.delete_entry(row)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self._entry_path(row.namespace, row.digest))
-        self._counters.add(row.namespace, 'evicted_entries')
-        self._counters.add(row.namespace, 'evicted_bytes', size)
+        self._remove_file(row.namespace, row.digest, size)
         return size
+
+    def _remove_file(self, namespace: str, digest: str,
+                     size: Optional[int]) -> None:
+        """Unlink an entry's file; count it evicted when its row went
+        (``size``: the row's bytes, None for a file no row accounts)."""
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self._entry_path(namespace, digest))
+        if size is not None:
+            self._counters.add(namespace, 'evicted_entries')
+            self._counters.add(namespace, 'evicted_bytes', size)
 
     def evict(self, namespace: str, key: str) -> int:
         """Remove the entry of ``key``; returns the bytes freed (0 if none)."""
@@ -796,13 +803,10 @@ class NodeStore:
             for digest in digests:
                 # (a file the ledger does not account for yet goes too,
                 # not counted)
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(self._entry_path(namespace, digest))
                 row = rows.pop(digest, None)
-                freed.append(0 if row is None else row.size)
-                if row is not None:
-                    self._counters.add(namespace, 'evicted_entries')
-                    self._counters.add(namespace, 'evicted_bytes', row.size)
+                size = None if row is None else row.size
+                self._remove_file(namespace, digest, size)
+                freed.append(size or 0)
         return freed
 
     def least_recently_used(self, nbytes: int) -> Iterator[Tuple[str, str]]:
