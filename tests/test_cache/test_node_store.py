@@ -124,7 +124,71 @@ def test_single_flight_across_processes(tmp_path):
     counts = store.counters('remote')
     assert counts['produced'] == len(keys)
     assert counts['hits'] + counts['waited'] == 3 * len(keys)
-    assert os.listdir(osp.join(cache_dir, 'locks')) == []
+    # The keys' locks are bytes of one empty file: no file per key.
+    assert os.listdir(osp.join(cache_dir, 'locks')) == ['keys.lock']
+    assert os.path.getsize(osp.join(cache_dir, 'locks', 'keys.lock')) == 0
+
+
+def test_key_locks_exclude_threads_of_one_process(tmp_path):
+    store = NodeStore(str(tmp_path / 'store'), '10MB')
+    taken = threading.Event()
+    release = threading.Event()
+
+    def hold():
+        with store._key_lock('ab' * 20) as locked:
+            assert locked
+            taken.set()
+            release.wait(10)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert taken.wait(10)
+    with store._key_lock('ab' * 20, blocking=False) as locked:
+        assert not locked  # the other thread holds the key
+    with store._key_lock('cd' * 20, blocking=False) as locked:
+        assert locked  # another key's byte is free
+    release.set()
+    holder.join(10)
+    with store._key_lock('ab' * 20, blocking=False) as locked:
+        assert locked  # released when the holder closed its description
+
+
+def _try_key(cache_dir, result):
+    with NodeStore(cache_dir, '10MB')._key_lock('ab' * 20,
+                                                blocking=False) as locked:
+        result.put(locked)
+
+
+def test_a_forked_child_does_not_keep_a_key_lock_it_inherited(tmp_path):
+    # The child gets a copy of the holder's descriptor; were it kept, the
+    # key would stay locked for every process until the child exits.
+    cache_dir = str(tmp_path / 'store')
+    store = NodeStore(cache_dir, '10MB')
+    context = multiprocessing.get_context('fork')
+    result = context.Queue()
+    started = context.Event()
+    with store._key_lock('ab' * 20) as locked:
+        assert locked
+        child = context.Process(target=_hold_inherited, args=(started, ))
+        child.start()
+        assert started.wait(30)
+        probe = context.Process(target=_try_key, args=(cache_dir, result))
+        probe.start()
+        assert result.get(timeout=30) is False  # still ours
+        probe.join(30)
+    probe = context.Process(target=_try_key, args=(cache_dir, result))
+    probe.start()
+    try:
+        assert result.get(timeout=30) is True  # the child let go of it
+    finally:
+        probe.join(30)
+        child.kill()
+        child.join(30)
+
+
+def _hold_inherited(started):
+    started.set()
+    time.sleep(60)
 
 
 def _write_then_hang(cache_dir, started):
