@@ -598,6 +598,10 @@ def run_config(name: str, args, server, work_dir: str) -> dict:
     # LitData and Mosaic read the loopback server as an S3 endpoint.
     s3 = dict(S3_ENV, S3_ENDPOINT_URL=args.url.rstrip('/')) \
         if name.startswith(PACKED_LOADERS) else {}
+    # The server's threads live in this process (the main thread only
+    # waits): its CPU is what the stand-in remote spent on the run's
+    # requests, on the cores the run's own processes use.
+    server_cpu, children = time.process_time(), os.times()
     try:
         out = run_command(
             cmd,
@@ -606,6 +610,10 @@ def run_config(name: str, args, server, work_dir: str) -> dict:
     finally:
         done.set()
         watcher.join()
+    server_cpu = time.process_time() - server_cpu
+    ended = os.times()
+    client_cpu = (ended.children_user + ended.children_system -
+                  children.children_user - children.children_system)
     # Ranks print at the same moment; a long line of one may run into the
     # other's, so each object is decoded from where its tag starts.
     decoder = json.JSONDecoder()
@@ -615,6 +623,7 @@ def run_config(name: str, args, server, work_dir: str) -> dict:
     ]
     result = summarize(name, ranks, server.download_log(), peak[0], args)
     result['subset'] = settings['subset']
+    result.update(server_cpu_s=server_cpu, client_cpu_s=client_cpu)
     if name.startswith(('ours@', ) + TAR_ORDERS):
         trace = osp.join(work_dir, 'trace.npy')
         result['offline'] = offline_policies(trace, args.sample_sizes,
@@ -1141,6 +1150,8 @@ def report_tar(runs: dict, data_bytes: int, args) -> None:
           f'{args.repeats} runs. GETs and MB: what the server sent in the '
           'epoch; dup: GETs re-reading bytes read before in the epoch, and '
           'those MB; MB/opt: over Belady\'s bytes at the budget (ours); '
+          'CPU s: the run\'s processes (start-up, both epochs) and the '
+          'loopback server\'s threads, which share the same cores; '
           'spread: mean source distance of consecutive samples over a '
           'uniform permutation\'s; 1-shard: mean share of a batch from its '
           f'most common shard (a uniform permutation: spread '
@@ -1149,11 +1160,13 @@ def report_tar(runs: dict, data_bytes: int, args) -> None:
     header = (f'{"config":<26}{"ep":>3}{"samples/s":>11}{"GETs":>7}'
               f'{"MB":>8}{"dup":>5}{"dup MB":>8}{"MB/opt":>7}'
               f'{"reserve MB":>11}{"disk/budget":>12}{"spread":>7}'
-              f'{"1-shard":>8}{"wrong":>6}')
+              f'{"1-shard":>8}{"wrong":>6}{"CPU s: run":>11}{"server":>7}')
     print(header)
     print('-' * len(header))
     for name, results in runs.items():
         budget = args.budget_bytes[name]
+        cpu = (f"{np.median([r['client_cpu_s'] for r in results]):>11.1f}"
+               f"{np.median([r['server_cpu_s'] for r in results]):>7.1f}")
         for e in range(args.epochs):
             epochs = [result['epochs'][e] for result in results]
 
@@ -1177,7 +1190,8 @@ def report_tar(runs: dict, data_bytes: int, args) -> None:
                   f'{median("duplicates"):>5.0f}{median("duplicate_mb"):>8.1f}'
                   f'{over:>7}{once}{median("spread"):>7.2f}'
                   f'{median("batch_shard_share"):>8.2f}'
-                  f'{sum(x["wrong"] for x in epochs):>6}')
+                  f'{sum(x["wrong"] for x in epochs):>6}'
+                  f'{cpu if e == 0 else ""}')
 
 
 def report(results, skipped, data_bytes, args):
