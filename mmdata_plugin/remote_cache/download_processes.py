@@ -28,6 +28,7 @@ covering span and go to one process, which runs them in turn on one
 thread, reading the span once for them.
 """
 import contextlib
+import gc
 import math
 import os
 import signal
@@ -495,6 +496,7 @@ def _serve(connection: Connection, reader: RemoteReader, threads: int,
     """The download process: runs the jobs it is sent until told to stop,
     or its parent (the planner) is gone."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the planner stops it
+    gc.freeze()  # as the prefetch process does (see its _run)
     store = reader.store
     # Only the planner evicts for this process's downloads (see
     # _PlannerRoom): the plan lives there.

@@ -9,6 +9,7 @@ and anything they leave half-written is a temp file that the store
 reclaims.
 """
 import contextlib
+import gc
 import multiprocessing
 import os
 import time
@@ -67,6 +68,10 @@ def build_prefetcher(spec: PrefetchSpec) -> NodePrefetcher:
 
 
 def _run(spec: PrefetchSpec, stop, parent: int) -> None:
+    # The objects forked from the training process are never freed here:
+    # out of the collector's reach, a full collection walks only this
+    # process's own (and writes no reference counts into shared pages).
+    gc.freeze()
     prefetcher = build_prefetcher(spec)
     next_status = 0.0
     try:
