@@ -194,6 +194,9 @@ class DataMonitorHook(Hook):
         # A resumed run starts at runner.iter: the first spacing counts
         # the iterations from there.
         self._started = time.monotonic()
+        # Asked once: every timeline point asks it (mmengine's get_rank
+        # goes through torch.distributed's world state each time).
+        self._rank = get_rank()
         self._last_table = (0.0, runner.iter - 1)
         self._next_table = self.table_interval
         self._submitted = self._spaced = 0
@@ -263,7 +266,7 @@ class DataMonitorHook(Hook):
 
     def _add_point(self, runner, point: dict) -> None:
         """Send a timeline point to the visualizer (rank 0's)."""
-        if get_rank() != 0:
+        if self._rank != 0:
             return
         scalars = {
             'data_monitor/wait_time': point['wait'],
