@@ -150,6 +150,7 @@ class DataMonitorHook(Hook):
         self._preprocessor = None
         self._writer: Optional[ReportWriter] = None
         self._group = None
+        self._rank: Optional[int] = None
         # Timeline points encoded by earlier writes (see encode_report).
         self._encoded: dict = {}
         # (time.monotonic() when read, summary) of the head cache.
@@ -194,9 +195,6 @@ class DataMonitorHook(Hook):
         # A resumed run starts at runner.iter: the first spacing counts
         # the iterations from there.
         self._started = time.monotonic()
-        # Asked once: every timeline point asks it (mmengine's get_rank
-        # goes through torch.distributed's world state each time).
-        self._rank = get_rank()
         self._last_table = (0.0, runner.iter - 1)
         self._next_table = self.table_interval
         self._submitted = self._spaced = 0
@@ -266,6 +264,11 @@ class DataMonitorHook(Hook):
 
     def _add_point(self, runner, point: dict) -> None:
         """Send a timeline point to the visualizer (rank 0's)."""
+        # Asked once, at the first point (training has set up the process
+        # group by then): mmengine's get_rank goes through
+        # torch.distributed's world state at every call.
+        if self._rank is None:
+            self._rank = get_rank()
         if self._rank != 0:
             return
         scalars = {
