@@ -46,7 +46,9 @@ def _builders(demo_root, tmp_path):
 
     import torch
 
-    from mmdata_plugin.datasets import TarShardDataset, pack_image_list_mds
+    from mmdata_plugin.datasets import (TarShardDataset,
+                                        pack_image_list_litdata,
+                                        pack_image_list_mds)
     from mmdata_plugin.datasets.tar_shard_writer import pack_image_list
 
     # Packed apart from the shared demo set, which other tests read.
@@ -58,6 +60,9 @@ def _builders(demo_root, tmp_path):
     pack_image_list_mds(
         osp.join(demo_root, 'val.txt'), demo_root,
         osp.join(tar_root, 'mds'), samples_per_shard=16)
+    pack_image_list_litdata(
+        osp.join(demo_root, 'val.txt'), demo_root,
+        osp.join(tar_root, 'litdata'), samples_per_chunk=16)
     return {
         ('MODELS', 'TinyCNNClassifier'): (dict(num_classes=3), {}),
         ('DATASETS', 'ImageListDataset'):
@@ -68,6 +73,9 @@ def _builders(demo_root, tmp_path):
         (tar_cfg, {}),
         ('DATASETS', 'MDSShardDataset'):
         (dict(data_root=tar_root, index='mds/index.json',
+              label_column='label'), {}),
+        ('DATASETS', 'LitDataChunkDataset'):
+        (dict(data_root=tar_root, index='litdata/index.json',
               label_column='label'), {}),
         ('DATA_SAMPLERS', 'RankShardedSampler'):
         (dict(mini_epochs=2), dict(dataset=range(8), seed=0)),

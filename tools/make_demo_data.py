@@ -3,6 +3,8 @@ import argparse
 import os.path as osp
 import time
 
+from mmdata_plugin.datasets.litdata_chunk_writer import \
+    pack_image_list_litdata
 from mmdata_plugin.datasets.mds_shard_writer import pack_image_list_mds
 from mmdata_plugin.datasets.tar_shard_writer import pack_image_list
 from mmdata_plugin.utils import make_demo_dataset
@@ -38,6 +40,14 @@ def parse_args():
         help='also pack each split into MosaicML Streaming MDS shards of N '
         'samples under OUT/mds/<split> (configs/demo/tinycnn_demo-jpeg-mds.py '
         'reads them)')
+    parser.add_argument(
+        '--litdata-chunks',
+        type=int,
+        default=0,
+        metavar='N',
+        help='also pack each split into LitData chunks of N samples under '
+        'OUT/litdata/<split> (configs/demo/tinycnn_demo-jpeg-litdata.py reads '
+        'them)')
     return parser.parse_args()
 
 
@@ -68,6 +78,13 @@ def main():
                                          args.mds_shards)
             print(f'Packed {split} into {len(shards)} MDS shards: '
                   f'{shards[0]} ...')
+    if args.litdata_chunks:
+        for split, ann_file in ann_files.items():
+            chunks = pack_image_list_litdata(
+                ann_file, args.out, osp.join(args.out, 'litdata', split),
+                args.litdata_chunks)
+            print(f'Packed {split} into {len(chunks)} LitData chunks: '
+                  f'{chunks[0]} ...')
 
 
 if __name__ == '__main__':

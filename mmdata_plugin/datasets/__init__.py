@@ -3,6 +3,9 @@ from .annotation_lines import (AnnotationFormatError, decode_line,
                                sample_line_starts)
 from .growing_window_sampler import GrowingWindowSampler, window_capacity
 from .image_list_dataset import ImageListDataset
+from .litdata_chunk_dataset import LitDataChunkDataset
+from .litdata_chunk_scan import LitDataChunkError
+from .litdata_chunk_writer import pack_image_list_litdata
 from .mds_shard_dataset import MDSShardDataset
 from .mds_shard_scan import MDSShardError
 from .mds_shard_writer import pack_image_list_mds
@@ -29,5 +32,6 @@ __all__ = [
     'TarShardDataset', 'expand_shards', 'TarShardIndex',
     'build_tar_shard_index', 'default_tar_index_path',
     'ensure_tar_shard_index', 'TarShardError', 'MDSShardDataset',
-    'MDSShardError', 'pack_image_list_mds'
+    'MDSShardError', 'pack_image_list_mds', 'LitDataChunkDataset',
+    'LitDataChunkError', 'pack_image_list_litdata'
 ]

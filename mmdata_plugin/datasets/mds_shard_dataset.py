@@ -1,7 +1,7 @@
 """Samples packed in MosaicML Streaming MDS shards, for the usual pipeline."""
 import json
 import os.path as osp
-from typing import List, Optional
+from typing import Any, List, Optional, Tuple
 
 from mmengine.fileio import get, join_path
 from mmengine.registry import DATASETS
@@ -70,14 +70,20 @@ class MDSShardDataset(TarShardDataset):
         super().__init__(
             shards=index, image_ext=IMAGE_EXT, ann_ext=ann_ext, **kwargs)
 
-    def _shard_list(self) -> List[str]:
-        """The shards ``index.json`` lists, beside it."""
+    def _read_index(self) -> Tuple[str, Any]:
+        """The URL (or absolute path) of ``index.json`` and what it holds
+        (``ValueError`` if it is no JSON)."""
         url = self.index if is_remote_shard(self.index) or not \
             self.data_root else join_path(self.data_root, self.index)
         if not is_remote_shard(url):
             url = osp.abspath(url)
+        return url, json.loads(get(url, backend_args=self.backend_args))
+
+    def _shard_list(self) -> List[str]:
+        """The shards ``index.json`` lists, beside it."""
+        url = self.index
         try:
-            listed = json.loads(get(url, backend_args=self.backend_args))
+            url, listed = self._read_index()
             entries = listed['shards']
         except (ValueError, KeyError, TypeError) as error:
             raise MDSShardError(f'{url}: no MDS index.json (a JSON object '

@@ -91,12 +91,17 @@ def iter_mds_samples(path: str,
     Raises:
         MDSShardError: Naming the shard and the sample or byte.
     """
-    data = np.memmap(path, np.uint8, 'r') if _size(path) else np.zeros(
-        0, np.uint8)
+    data = mapped_bytes(path)
     _check_hashes(data, name, (hashes or {}).get(name, {}))
     offsets, config = _layout(data, name)
-    spans, labels = _column_spans(data, offsets, config, name, exts,
-                                  columns)
+    yield from numbered_samples(
+        offsets, *column_spans(data, offsets, config, name, exts, columns))
+
+
+def numbered_samples(offsets: np.ndarray, spans: Dict,
+                     labels: Optional[list]) -> Iterator[ShardSample]:
+    """The samples of a shard from :func:`column_spans`, keyed by their
+    number in it."""
     for number in range(len(offsets) - 1):
         yield ShardSample(
             key=str(number),
@@ -106,6 +111,13 @@ def iter_mds_samples(path: str,
                 for ext, (starts, sizes) in spans.items()
             },
             label=None if labels is None else int(labels[number]))
+
+
+def mapped_bytes(path: str) -> np.ndarray:
+    """The bytes of the local file ``path``, memory-mapped (an empty file
+    cannot be mapped)."""
+    return np.memmap(path, np.uint8, 'r') if _size(path) else np.zeros(
+        0, np.uint8)
 
 
 def _check_hashes(data: np.ndarray, name: str, hashes: Dict[str,
@@ -126,26 +138,43 @@ def _size(path: str) -> int:
         return file.seek(0, 2)
 
 
-def _layout(data: np.ndarray, name: str) -> Tuple[np.ndarray, dict]:
-    """The sample offsets (``n + 1``, int64) and the writer's config."""
+def item_offsets(data: np.ndarray,
+                 name: str,
+                 kind: str = 'MDS shard',
+                 noun: str = 'sample',
+                 error: type = MDSShardError,
+                 right_after_table: bool = False) -> np.ndarray:
+    """The ``n + 1`` item offsets (int64) of a file that starts with the
+    item count ``n`` and the offsets (uint32, from the file's start):
+    checked to be in order, after the table (``right_after_table``: at
+    its end) and ending at the file's end, else ``error`` naming the file
+    (``name``), its ``kind`` and the items' ``noun``."""
     if len(data) < 8:
-        raise MDSShardError(f'{name}: {len(data)} bytes, too short for an '
-                            'MDS shard')
+        raise error(f'{name}: {len(data)} bytes, too short for a {kind}')
     count = int(data[:4].view('<u4')[0])
     table_end = 4 + 4 * (count + 1)
     if table_end > len(data):
-        raise MDSShardError(
-            f'{name}: {count} samples need {table_end} bytes of offsets, '
-            f'the file has {len(data)} (no MDS shard, or truncated)')
+        raise error(
+            f'{name}: {count} {noun}s need {table_end} bytes of offsets, '
+            f'the file has {len(data)} (no {kind}, or truncated)')
     offsets = data[4:table_end].view('<u4').astype(np.int64)
-    if offsets[0] < table_end or np.any(np.diff(offsets) < 0):
-        raise MDSShardError(f'{name}: the sample offsets are out of order '
-                            '(no MDS shard, or a damaged one)')
+    misplaced = (offsets[0] != table_end
+                 if right_after_table else offsets[0] < table_end)
+    if misplaced or np.any(np.diff(offsets) < 0):
+        raise error(f'{name}: the {noun} offsets are out of order (no '
+                    f'{kind}, or a damaged one)')
     if offsets[-1] != len(data):
-        raise MDSShardError(
-            f'{name}: its samples end at byte {int(offsets[-1])}, the file '
-            f'has {len(data)} bytes (truncated, or not the shard that was '
+        raise error(
+            f'{name}: its {noun}s end at byte {int(offsets[-1])}, the file '
+            f'has {len(data)} bytes (truncated, or not the {kind} that was '
             'written)')
+    return offsets
+
+
+def _layout(data: np.ndarray, name: str) -> Tuple[np.ndarray, dict]:
+    """The sample offsets (``n + 1``, int64) and the writer's config."""
+    offsets = item_offsets(data, name)
+    table_end = 4 + 4 * len(offsets)
     try:
         config = json.loads(data[table_end:offsets[0]].tobytes())
         config['column_names'], config['column_encodings']
@@ -158,11 +187,15 @@ def _layout(data: np.ndarray, name: str) -> Tuple[np.ndarray, dict]:
     return offsets, config
 
 
-def _column_spans(data: np.ndarray, offsets: np.ndarray, config: dict,
-                  name: str, exts: Sequence[str],
-                  columns: Dict[str, str]) -> Tuple[Dict, Optional[list]]:
+def column_spans(data: np.ndarray, offsets: np.ndarray, config: dict,
+                 name: str, exts: Sequence[str],
+                 columns: Dict[str, str]) -> Tuple[Dict, Optional[list]]:
     """``{ext: (starts, sizes)}`` of every sample's column for ``ext``, and
-    the labels (or None), computed for the whole shard at once."""
+    the labels (or None), computed for the whole shard at once.
+
+    ``config`` is an MDS writer's (``column_names``, ``column_encodings``,
+    ``column_sizes``: None for a column whose size each sample's head
+    gives, as a uint32 in column order)."""
     names = config['column_names']
     encodings = config['column_encodings']
     fixed = config.get('column_sizes') or [None] * len(names)
