@@ -1,14 +1,12 @@
 """Samples packed in LitData chunks, for the usual pipeline."""
 import json
-import os.path as osp
 from typing import Dict, List, Optional
 
-from mmengine.fileio import get, join_path
 from mmengine.registry import DATASETS
 
 from .litdata_chunk_scan import LitDataChunkError, litdata_scanner
 from .mds_shard_dataset import MDSShardDataset
-from .tar_shard_index import ShardFormat, is_remote_shard
+from .tar_shard_index import ShardFormat
 
 
 @DATASETS.register_module()
@@ -57,12 +55,9 @@ class LitDataChunkDataset(MDSShardDataset):
 
     def _shard_list(self) -> List[str]:
         """The chunks ``index.json`` lists, beside it."""
-        url = self.index if is_remote_shard(self.index) or not \
-            self.data_root else join_path(self.data_root, self.index)
-        if not is_remote_shard(url):
-            url = osp.abspath(url)
+        url = self.index
         try:
-            listed = json.loads(get(url, backend_args=self.backend_args))
+            url, listed = self._read_index()
             config, chunks = listed['config'], listed['chunks']
             self._leaves = _leaf_keys(config, url)
             self._formats = list(config['data_format'])

@@ -20,10 +20,8 @@ right after the table, the last at the file's end (and at the size
 import functools
 from typing import Callable, Dict, Iterator, List, Optional, Sequence
 
-import numpy as np
-
 from .mds_shard_scan import (IMAGE_ENCODINGS, MDSShardError, column_spans,
-                             mapped_bytes, numbered_samples)
+                             item_offsets, mapped_bytes, numbered_samples)
 from .tar_shard_scan import LABEL_EXT, ShardSample
 
 #: LitData's serializer names and the MDS encoding of the same bytes.
@@ -97,7 +95,8 @@ def iter_litdata_samples(path: str,
         raise LitDataChunkError(
             f'{name}: {len(data)} bytes, index.json says {recorded} '
             '(truncated, or not the chunk the index lists)')
-    offsets = _offsets(data, name)
+    offsets = item_offsets(data, name, 'LitData chunk', 'item',
+                           LitDataChunkError, right_after_table=True)
     for ext in exts:
         _check_leaf(name, ext, columns[ext], leaves, formats)
     config = dict(
@@ -106,29 +105,6 @@ def iter_litdata_samples(path: str,
         column_sizes=[None] * len(leaves))
     yield from numbered_samples(
         offsets, *column_spans(data, offsets, config, name, exts, columns))
-
-
-def _offsets(data: np.ndarray, name: str) -> np.ndarray:
-    """The item offsets (``n + 1``, int64), checked."""
-    if len(data) < 8:
-        raise LitDataChunkError(f'{name}: {len(data)} bytes, too short for '
-                                'a LitData chunk')
-    count = int(data[:4].view('<u4')[0])
-    table_end = 4 + 4 * (count + 1)
-    if table_end > len(data):
-        raise LitDataChunkError(
-            f'{name}: {count} items need {table_end} bytes of offsets, the '
-            f'file has {len(data)} (no LitData chunk, or truncated)')
-    offsets = data[4:table_end].view('<u4').astype(np.int64)
-    if offsets[0] != table_end or np.any(np.diff(offsets) < 0):
-        raise LitDataChunkError(f'{name}: the item offsets are out of order '
-                                '(no LitData chunk, or a damaged one)')
-    if offsets[-1] != len(data):
-        raise LitDataChunkError(
-            f'{name}: its items end at byte {int(offsets[-1])}, the file '
-            f'has {len(data)} bytes (truncated, or not the chunk that was '
-            'written)')
-    return offsets
 
 
 def _check_leaf(name: str, ext: str, leaf: str, leaves: List[str],

@@ -8,14 +8,12 @@ them. LitData's ``StreamingDataset`` reads them, and
 ``LitDataChunkDataset`` reads them and chunks that LitData wrote.
 """
 import json
-import os
 import os.path as osp
-from typing import List
+from typing import List, Tuple
 
 import numpy as np
 
-from .annotation_lines import iter_path_labels
-from .mds_shard_writer import write_atomically
+from .mds_shard_writer import offset_table, pack_files, write_atomically
 
 #: The leaves written, in leaf order, and their serializers.
 LEAVES = dict(image='bytes', label='int')
@@ -33,19 +31,8 @@ def pack_image_list_litdata(ann_file: str,
     Returns:
         list[str]: The chunks' paths.
     """
-    os.makedirs(out_dir, exist_ok=True)
-    samples = [(path, label)
-               for _, path, label in iter_path_labels(ann_file)]
-    chunks, entries = [], []
-    for first in range(0, len(samples), samples_per_chunk):
-        part = samples[first:first + samples_per_chunk]
-        filename = f'chunk-0-{len(chunks)}.bin'
-        data = _chunk_bytes(part, data_root)
-        write_atomically(osp.join(out_dir, filename), data)
-        chunks.append(osp.join(out_dir, filename))
-        entries.append(
-            dict(chunk_bytes=len(data), chunk_size=len(part), dim=None,
-                 filename=filename))
+    written = pack_files(ann_file, data_root, out_dir, samples_per_chunk,
+                         'chunk-0-{}.bin', _chunk_bytes)
     spec = [1, dict(type='builtins.dict', context=json.dumps(list(LEAVES)),
                     children_spec=[_LEAF_SPEC] * len(LEAVES))]
     config = dict(
@@ -60,26 +47,20 @@ def pack_image_list_litdata(ann_file: str,
         ipc_compression=None,
         item_loader='PyTreeLoader',
         types=dict(LEAVES))
+    chunks = [
+        dict(chunk_bytes=nbytes, chunk_size=count, dim=None, filename=name)
+        for name, nbytes, count in written
+    ]
     write_atomically(
         osp.join(out_dir, 'index.json'),
-        json.dumps(dict(chunks=entries, config=config)).encode())
-    return chunks
+        json.dumps(dict(chunks=chunks, config=config)).encode())
+    return [osp.join(out_dir, name) for name, _, _ in written]
 
 
-def _chunk_bytes(part: list, data_root: str) -> bytes:
-    items = []
-    for path, label in part:
-        with open(osp.join(data_root, path), 'rb') as file:
-            image = file.read()
-        # The head: a uint32 size per leaf, in leaf order.
-        items.append(
-            np.array([len(image), 8], '<u4').tobytes() + image +
-            np.int64(label).tobytes())
-    table = 4 + 4 * (len(items) + 1)
-    offsets = np.cumsum([0] + [len(item) for item in items]) + table
-    if offsets[-1] >= 1 << 32:
-        raise ValueError(f'{len(part)} samples from {part[0][0]} make a '
-                         f'chunk of {offsets[-1]} bytes; LitData offsets are '
-                         'uint32: pack fewer samples per chunk')
-    return (np.uint32(len(items)).tobytes() +
-            offsets.astype('<u4').tobytes() + b''.join(items))
+def _chunk_bytes(images: List[Tuple[bytes, int]]) -> bytes:
+    # The head: a uint32 size per leaf, in leaf order.
+    items = [
+        np.array([len(image), 8], '<u4').tobytes() + image +
+        np.int64(label).tobytes() for image, label in images
+    ]
+    return offset_table(items, 0, 'chunk') + b''.join(items)
