@@ -1,4 +1,5 @@
-"""tools/train.py on packed shards (WebDataset tar, MDS) served over HTTP,
+"""tools/train.py on packed shards (WebDataset tar, MDS, LitData chunks)
+served over HTTP,
 read through the node cache: each image a byte range of a shard,
 downloaded ahead in the samplers' order with range GETs, kept within the
 budget."""
@@ -10,7 +11,8 @@ import pytest
 from cache_usage import UsageSampler, run_env
 from helpers import TRAIN_SCRIPT, quick_cfg_options, REPO_ROOT
 
-from mmdata_plugin.datasets import pack_image_list_mds
+from mmdata_plugin.datasets import (pack_image_list_litdata,
+                                    pack_image_list_mds)
 from mmdata_plugin.datasets.tar_shard_writer import pack_image_list
 from mmdata_plugin.testing import LoopbackHTTPServer, run_script
 from mmdata_plugin.utils import make_demo_dataset
@@ -28,13 +30,16 @@ FORMATS = {
     # The shard-aware order: neighbours come in one range GET.
     'mds': (osp.join(DEMO_CONFIGS, 'tinycnn_demo-jpeg-mds-http-nodecache.py'),
             {}, 'mds/train'),
+    'litdata':
+    (osp.join(DEMO_CONFIGS, 'tinycnn_demo-jpeg-litdata-http-nodecache.py'),
+     {}, 'litdata/train'),
 }
 
 
 @pytest.fixture(scope='module')
 def packed_demo(tmp_path_factory):
-    """120 train images in 5 shards, 8 val images in one, as tar shards
-    and as MDS shards."""
+    """120 train images in 5 shards, 8 val images in one, as tar shards,
+    MDS shards and LitData chunks."""
     root = str(tmp_path_factory.mktemp('tar_demo'))
     make_demo_dataset(root, num_train=120, num_val=8, max_side=96)
     for split in ('train', 'val'):
@@ -43,6 +48,8 @@ def packed_demo(tmp_path_factory):
                         PER_SHARD)
         pack_image_list_mds(ann_file, root, osp.join(root, 'mds', split),
                             PER_SHARD)
+        pack_image_list_litdata(ann_file, root,
+                                osp.join(root, 'litdata', split), PER_SHARD)
     return root
 
 
@@ -53,7 +60,7 @@ def test_members_come_through_the_node_cache_in_range_gets(
     train_shards = [
         f'{folder}/{name}'
         for name in sorted(os.listdir(osp.join(packed_demo, folder)))
-        if name.startswith('train-') or name.endswith('.mds')
+        if name.startswith('train-') or name.endswith(('.mds', '.bin'))
     ]
     assert len(train_shards) == 5
     member_bytes = sum(
@@ -86,9 +93,9 @@ def test_members_come_through_the_node_cache_in_range_gets(
     # Per train shard: one GET streamed it for the index, each other GET
     # is a range of members. Members decided together rarely neighbour in
     # the tar config's global shuffle, and at this budget the plan decides
-    # few at once in the MDS config's shard windows (coalescing:
-    # test_coalesced_reads), so about one GET per member (116 and 112 seen
-    # for the 120). Two passes read 240 samples;
+    # few at once in the MDS and LitData configs' shard windows
+    # (coalescing: test_coalesced_reads), so about one GET per member (116
+    # and 112 seen for the 120). Two passes read 240 samples;
     # the plan keeps some for the second pass and the pipeline's head
     # serves the rest, so fewer GETs than reads.
     fetched = sum(stats.downloads[name] - 1 for name in train_shards)
