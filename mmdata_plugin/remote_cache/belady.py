@@ -87,7 +87,6 @@ class BeladyCache:
         self.used = 0
         self._kept = IdTable(dict(until=np.int64, size=np.uint32),
                              keys=np.uint32)
-        self._size_max = np.iinfo(np.uint32).max
         # The front: kept samples in eviction order (furthest needed
         # last), read from index _top down; every kept sample whose
         # (next use, -id) is at least _floor's is in it or in _late.
@@ -159,16 +158,11 @@ class BeladyCache:
         self.used -= self._kept.columns['size'].item(self._kept.row(sample))
         self._kept.remove(sample)
 
-    def _fit_size(self, size: int) -> None:
-        if size > self._size_max:
-            self._kept.widen('size', np.int64)
-            self._size_max = np.iinfo(np.int64).max
-
     def keep(self, sample: int, until: int, size: int) -> None:
         """Count ``sample`` as kept until tick ``until`` (already on disk)."""
         if sample < 0:
             raise ValueError(f'sample ids must be >= 0, got {sample}')
-        self._fit_size(size)
+        self._kept.fit('size', size)
         row = self._kept.row(sample)
         if row < 0:
             row = self._kept.insert(sample)
@@ -194,7 +188,7 @@ class BeladyCache:
             raise ValueError(
                 f'sample ids must be >= 0, got {int(samples.min())}')
         sizes = np.asarray(sizes, np.int64)
-        self._fit_size(int(sizes.max()))
+        self._kept.fit('size', int(sizes.max()))
         rows = self._kept.rows(samples)
         was = rows >= 0
         self.used -= int(self._kept.columns['size'][rows[was]].sum())

@@ -8,26 +8,23 @@ id cost 4 bytes for every id of the data set, a dict of Python ints ~100
 a sample). A size is forgotten when its sample leaves the books: the plan
 counts it at the mean until it is downloaded again.
 """
-from typing import Dict, Optional
+from typing import Optional
 
 import numpy as np
 
 from .id_table import IdTable
 
-#: Sizes from this one up do not fit a row; they are kept apart.
-_LARGE = np.iinfo(np.uint32).max
-
 
 class BookedSamples:
     """Booked samples: the files each booked and its size when learned.
     ``0`` bytes is a size (a sample that reads no file): a row holds
-    ``size + 1``, 0 meaning unknown.
+    ``size + 1``, 0 meaning unknown (a uint32, int64 from the first size
+    of 4 GiB or more).
     """
 
     def __init__(self) -> None:
         self._rows = IdTable(dict(plus_one=np.uint32, files=np.uint16),
                              keys=np.uint32)
-        self._large: Dict[int, int] = {}
 
     def __contains__(self, sample: int) -> bool:
         return sample in self._rows
@@ -37,7 +34,7 @@ class BookedSamples:
 
     @property
     def nbytes(self) -> int:
-        """Memory of the rows (the few large sizes aside)."""
+        """Memory of the rows."""
         return self._rows.nbytes
 
     def add(self, sample: int, files: int) -> None:
@@ -51,7 +48,6 @@ class BookedSamples:
     def remove(self, sample: int) -> None:
         """Take ``sample`` (booked) off the books, with its size."""
         self._rows.remove(sample)
-        self._large.pop(sample, None)
 
     def files(self, sample: int) -> Optional[int]:
         """How many files ``sample`` booked; None when not booked."""
@@ -62,8 +58,6 @@ class BookedSamples:
         """The size of ``sample``; None when not learned (or not booked)."""
         row = self._rows.row(sample)
         stored = 0 if row < 0 else self._rows.columns['plus_one'].item(row)
-        if stored == _LARGE:
-            return self._large[sample]
         return stored - 1 if stored else None
 
     def learn_many(self, samples: np.ndarray, sizes: np.ndarray) -> None:
@@ -71,24 +65,26 @@ class BookedSamples:
         samples = np.asarray(samples, np.int64)
         sizes = np.asarray(sizes, np.int64)
         rows = self._rows.rows(samples)
-        fits = (rows >= 0) & (sizes >= 0) & (sizes + 1 < _LARGE)
-        self._rows.columns['plus_one'][rows[fits]] = sizes[fits] + 1
-        for index in np.flatnonzero(~fits).tolist():
-            self.learn(samples.item(index), sizes.item(index))
+        booked = (rows >= 0) & (sizes >= 0)
+        if booked.any():
+            self._rows.fit('plus_one', int(sizes[booked].max()) + 1)
+        self._rows.columns['plus_one'][rows[booked]] = sizes[booked] + 1
+        for index in np.flatnonzero(sizes < 0).tolist():
+            _check_size(samples.item(index), sizes.item(index))
 
     def learn(self, sample: int, size: int) -> bool:
         """Record ``size`` bytes for ``sample``; False (nothing recorded)
         when it is not on the books."""
-        if size < 0:
-            raise ValueError(f'sample {sample} of {size} bytes: sizes must '
-                             'be >= 0')
+        _check_size(sample, size)
         row = self._rows.row(sample)
         if row < 0:
             return False
-        if size + 1 >= _LARGE:
-            self._large[sample] = size
-            self._rows.columns['plus_one'][row] = _LARGE
-        else:
-            self._large.pop(sample, None)
-            self._rows.columns['plus_one'][row] = size + 1
+        self._rows.fit('plus_one', size + 1)
+        self._rows.columns['plus_one'][row] = size + 1
         return True
+
+
+def _check_size(sample: int, size: int) -> None:
+    if size < 0:
+        raise ValueError(f'sample {sample} of {size} bytes: sizes must '
+                         'be >= 0')

@@ -31,7 +31,6 @@ class FileHolders:
 
     def __init__(self) -> None:
         self._files = IdTable(dict(holder=np.uint32))
-        self._holder_max = int(np.iinfo(np.uint32).max)
         self._several: Dict[int, Set[int]] = {}
 
     def __contains__(self, key: int) -> bool:
@@ -52,22 +51,15 @@ class FileHolders:
             return None
         return self._files.columns['holder'].item(row) - 1
 
-    def _fit(self, most: int) -> None:
-        """Widen the readers' column when reader ``most`` + 1 overflows
-        it."""
-        if most + 1 > self._holder_max:
-            self._files.widen('holder', np.int64)
-            self._holder_max = int(np.iinfo(np.int64).max)
-
     def _set_holder(self, key: int, held: int) -> None:
-        self._fit(held)
+        self._files.fit('holder', held + 1)
         self._files.columns['holder'][self._files.row(key)] = held + 1
 
     def add(self, key: int, sample: int) -> int:
         """Book ``sample`` as a reader of file ``key``; its readers now."""
         held = self._holder(key)
         if held is None:
-            self._fit(sample)
+            self._files.fit('holder', sample + 1)
             self._files.insert(key, holder=sample + 1)
             return 1
         if held == sample:
@@ -91,7 +83,7 @@ class FileHolders:
         alone[first[repeats == 1]] = True
         alone &= self._files.rows(keys) < 0
         if alone.any():
-            self._fit(int(samples[alone].max()))
+            self._files.fit('holder', int(samples[alone].max()) + 1)
         self._files.insert_many(keys[alone], holder=samples[alone] + 1)
         shared = np.zeros(len(keys), bool)
         for index in np.flatnonzero(~alone).tolist():

@@ -50,6 +50,11 @@ class IdTable:
             name: np.zeros(1 << _MIN_BITS, dtype)
             for name, dtype in columns.items()
         }
+        # Each column's largest value, asked per value (np.iinfo is not).
+        self._most = {
+            name: int(np.iinfo(dtype).max)
+            for name, dtype in columns.items()
+        }
         self._count = 0
         self._index = np.full(2 << _MIN_BITS, _EMPTY, np.int32)
         self._shift = 64 - (_MIN_BITS + 1)
@@ -79,9 +84,13 @@ class IdTable:
         """The rows' values of column ``name`` (a view)."""
         return self.columns[name][:self._count]
 
-    def widen(self, name: str, dtype: type) -> None:
-        """Store column ``name`` as ``dtype`` from now on (values kept)."""
-        self.columns[name] = self.columns[name].astype(dtype)
+    def fit(self, name: str, most: int) -> None:
+        """Store column ``name`` as int64 from now on if ``most`` exceeds
+        its type (values kept): columns start narrow for the common
+        values (sizes below 4 GiB, ids below 2**32)."""
+        if most > self._most[name]:
+            self.columns[name] = self.columns[name].astype(np.int64)
+            self._most[name] = int(np.iinfo(np.int64).max)
 
     # -- one key --------------------------------------------------------------
 

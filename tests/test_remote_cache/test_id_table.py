@@ -52,7 +52,9 @@ def test_bytes_grow_with_rows_not_ids():
     # quarters full.
     assert table.nbytes / len(keys) <= 36
     assert (table.rows(keys) == np.arange(len(keys))).all()
-    table.widen('size', np.int64)
+    table.fit('size', (1 << 32) - 1)
+    assert table.columns['size'].dtype == np.uint32
+    table.fit('size', 5 << 32)
     table.columns['size'][table.row(int(keys[7]))] = 5 << 32
     assert table.column('size')[7] == 5 << 32
 
