@@ -811,13 +811,9 @@ class NodeStore:
                 f'{format_size(used)} of {format_size(self.limit)} are '
                 f'committed or in flight and eviction frees only '
                 f'{format_size(freed)}')
+        self._ledger.delete_entries(list(victims.values()))
         for row in victims.values():
-            self._evict_row(row)
-
-    def _evict_row(self, row: EntryRow) -> int:
-        size = self._ledger.delete_entry(row)
-        self._remove_file(row.namespace, row.digest, size)
-        return size
+            self._remove_file(row.namespace, row.digest, row.size)
 
     def _remove_file(self, namespace: str, digest: str,
                      size: Optional[int]) -> None:

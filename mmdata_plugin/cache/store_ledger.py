@@ -399,17 +399,6 @@ class StoreLedger:
             self._rows('INSERT OR REPLACE INTO entries VALUES (?, ?, ?, ?, ?)',
                        row)
 
-    def delete_entry(self, row: EntryRow) -> int:
-        """Delete the entry ``row`` (as read in this transaction); returns
-        its size (0 if absent)."""
-        with self._ledger_lock:
-            if not self.connection.execute(
-                    'DELETE FROM entries WHERE digest=?',
-                (row.digest, )).rowcount:
-                return 0
-            self.add_committed(-row.size)
-            return row.size
-
     def delete_entries(self, rows: Sequence[EntryRow]) -> int:
         """Delete the entries ``rows``, read in this transaction (so all of
         them exist: nobody else writes in it); their total size."""
