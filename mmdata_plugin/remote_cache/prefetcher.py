@@ -232,20 +232,22 @@ class NodePrefetcher:
         # towards 0 -- or, counted without their 0, hold it near the
         # first guess. A sample off the books by now keeps no size.
         self._books.learn(sample, size)
-        self._sizes_learned += 1
-        self._mean_size += (size - self._mean_size) / self._sizes_learned
-        self._largest_size = max(self._largest_size, size)
+        self._count_sizes(size, 1, size)
 
     def _learn_sizes(self, samples: List[int], sizes: List[int]) -> None:
         """:meth:`_learn_size` of many samples at once."""
         if not samples:
             return
         self._books.learn_many(samples, sizes)
-        learned = self._sizes_learned + len(sizes)
-        self._mean_size += (sum(sizes) - len(sizes) * self._mean_size) / \
-            learned
-        self._sizes_learned = learned
-        self._largest_size = max(self._largest_size, max(sizes))
+        self._count_sizes(sum(sizes), len(sizes), max(sizes))
+
+    def _count_sizes(self, total: int, count: int, largest: int) -> None:
+        """Fold ``count`` sizes learned (``total`` bytes, the ``largest``)
+        into the mean and the largest."""
+        self._sizes_learned += count
+        self._mean_size += (total - count * self._mean_size) / \
+            self._sizes_learned
+        self._largest_size = max(self._largest_size, largest)
 
     def _download_hint(self, sample: int) -> int:
         """Bytes reserved before downloading ``sample``: its size (learned,
