@@ -1549,11 +1549,6 @@ def report_planner_window(args) -> None:
               flush=True)
 
 
-def _resident_bytes() -> int:
-    with open('/proc/self/statm') as statm:
-        return int(statm.read().split()[1]) * os.sysconf('SC_PAGE_SIZE')
-
-
 def _bench_url(sample: int) -> str:
     return f'http://bench/train/{sample % 1000:04d}/{sample}.jpg'
 
@@ -1620,6 +1615,8 @@ def books_window(samples: int, kept: int, ticks: int,
     started from Belady's kept set, booked. Belady hits a read there
     exactly when the epoch reads it among its first ``kept``."""
     import resource
+
+    from mmdata_plugin.testing import process_memory
     stream = _scale_stream(samples, 1, seed)
     epoch_ticks = stream.epoch_ticks
     width = min(ticks // len(centres), kept // 2)
@@ -1627,7 +1624,7 @@ def books_window(samples: int, kept: int, ticks: int,
     seconds = build = 0.0
     held = resident = 0
     by_window = []
-    baseline = _resident_bytes()
+    baseline = process_memory()['rss']
     for centre in centres:
         first = 2 * epoch_ticks + int(centre * kept) - width // 2
         with tempfile.TemporaryDirectory() as cache_dir:
@@ -1646,7 +1643,7 @@ def books_window(samples: int, kept: int, ticks: int,
             belady += int(np.clip(kept - within, 0, decided))
             held = max(held, prefetcher.planner.cache.nbytes +
                        prefetcher._books.nbytes + prefetcher._booked.nbytes)
-            resident = max(resident, _resident_bytes() - baseline)
+            resident = max(resident, process_memory()['rss'] - baseline)
             prefetcher.close()
             del prefetcher
     return dict(samples=samples, kept=kept, ticks=done, hit_rate=hits / done,

@@ -10,7 +10,8 @@ from typing import Dict, Iterable, List
 
 
 def process_memory(pid: int = 0) -> Dict[str, int]:
-    """``pss`` and ``uss`` (bytes) of process ``pid`` (0: this process)."""
+    """``rss``, ``pss`` and ``uss`` (bytes) of process ``pid`` (0: this
+    process)."""
     fields = {}
     with open(f'/proc/{pid or "self"}/smaps_rollup') as f:
         for line in f:
@@ -18,6 +19,7 @@ def process_memory(pid: int = 0) -> Dict[str, int]:
             if len(parts) == 3 and parts[2] == 'kB':
                 fields[parts[0].rstrip(':')] = int(parts[1]) * 1024
     return dict(
+        rss=fields['Rss'],
         pss=fields['Pss'],
         uss=fields['Private_Clean'] + fields['Private_Dirty'])
 

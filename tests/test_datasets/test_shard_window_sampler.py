@@ -17,6 +17,7 @@ from test_rank_sharded_sampler import check_fast_forward
 
 from mmdata_plugin.datasets import ShardWindowSampler
 from mmdata_plugin.sample_order import sample_order_of
+from mmdata_plugin.testing import process_memory
 
 # Empty shards too: a tar shard may hold no sample with the members asked.
 SIZES = [5, 0, 7, 3, 9, 1, 4, 6, 2, 8, 0, 5, 7]
@@ -200,20 +201,13 @@ def test_bad_arguments(dataset, kwargs, error, match):
         ShardWindowSampler(dataset, seed=0, **kwargs)
 
 
-def _rss_bytes():
-    with open('/proc/self/status') as status:
-        for line in status:
-            if line.startswith('VmRSS:'):
-                return int(line.split()[1]) * 1024
-
-
 def test_a_billion_samples_in_memory_of_the_shards():
     # 1e9 samples in 1e5 shards of 5,000-15,000: an array per sample would
     # be 8 GB (1 GB as bytes); the sampler holds a few arrays per shard.
     sizes = np.random.default_rng(0).integers(5_000, 15_001, 100_000)
     sizes = sizes * 10**9 // sizes.sum()
     sizes[-1] += 10**9 - sizes.sum()
-    rss = _rss_bytes()
+    rss = process_memory()['rss']
     tracemalloc.start()
     try:
         sampler = ShardWindowSampler(Shards(sizes), seed=0, window_shards=4)
@@ -223,7 +217,7 @@ def test_a_billion_samples_in_memory_of_the_shards():
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    grown = _rss_bytes() - rss
+    grown = process_memory()['rss'] - rss
     assert len(sampler) == 10**9
     assert ((0 <= ids) & (ids < 10**9)).all()
     assert (places.first == positions).all()
