@@ -21,7 +21,10 @@ Before downloading, a process checks (under the file's key lock, as the
 one-process prefetcher asks the plan) that no reader has read the file
 meanwhile (:meth:`~.read_once.ReadOnceMarks.reported`) and that the plan
 has not let it go (a mark in ``planner/cancelled``); if either, it leaves
-the decision to the planner.
+the decision to the planner. A reader's report goes once the planner has
+taken it, so a job whose file was read while it waited and that the plan
+no longer wants is cancelled before that (:meth:`ProcessDownloads.
+recheck`): the process cannot see the plan's books.
 
 The jobs of one coalesced request (:mod:`.coalesced_reads`) name its
 covering span and go to one process, which runs them in turn on one
@@ -132,9 +135,9 @@ class ProcessDownloads:
         for name in os.listdir(self.cancelled_dir):  # a dead planner's
             os.unlink(os.path.join(self.cancelled_dir, name))
         self.workers: List[Optional[_Worker]] = [None] * processes
-        # URL -> its job, sent to a download process, not answered yet;
-        # those the plan let go meanwhile.
-        self._sent: Dict[str, _Job] = {}
+        # A file's digest -> its URL and job, sent to a download process,
+        # not answered yet; the digests of those the plan let go meanwhile.
+        self._sent: Dict[str, Tuple[str, _Job]] = {}
         self._cancelled = set()
         self.lost = 0
         self._next_id = 0
@@ -278,7 +281,8 @@ class ProcessDownloads:
             if job.cover is not None:
                 span_workers[job.cover] = worker
             worker.jobs[job.id] = job
-            self._sent.update((url, job) for url in urls)
+            self._sent.update(
+                (self._digest(url), (url, job)) for url in urls)
             batches.setdefault(worker.pid, []).append(
                 (job.id, urls, job.hint, job.cover))
         self._jobs = []
@@ -292,23 +296,39 @@ class ProcessDownloads:
     def cancel(self, urls: List[str]) -> None:
         """The plan lets ``urls`` go: a download process that has not
         started theirs yet must not (it would be a second download)."""
-        for url in urls:
-            if url in self._sent and url not in self._cancelled:
-                self._cancelled.add(url)
-                os.close(os.open(self._cancel_mark(url),
+        self._cancel([self._digest(url) for url in urls])
+
+    def recheck(self, read: List[str],
+                wanted: Callable[[int, str], bool]) -> None:
+        """Readers have read the files of digests ``read`` (reports the
+        planner has just taken): the jobs sent for them that the plan no
+        longer wants are cancelled. Called while those reports are still
+        on disk, so a process that starts one meanwhile sees the report."""
+        self._cancel([
+            digest for digest in read if digest in self._sent
+            and not wanted(self._sent[digest][1].sample,
+                           self._sent[digest][0])
+        ])
+
+    def _cancel(self, digests: List[str]) -> None:
+        for digest in digests:
+            if digest in self._sent and digest not in self._cancelled:
+                self._cancelled.add(digest)
+                os.close(os.open(os.path.join(self.cancelled_dir, digest),
                                  os.O_CREAT | os.O_WRONLY, 0o644))
 
-    def _cancel_mark(self, url: str) -> str:
-        return os.path.join(self.cancelled_dir,
-                            os.path.basename(self.reader.entry_path(url)))
+    def _digest(self, url: str) -> str:
+        """The name of ``url``'s entry, its cancel mark and its reports."""
+        return os.path.basename(self.reader.entry_path(url))
 
     def _answered(self, job: _Job) -> None:
         for url in job.urls:
-            if self._sent.get(url) is job:
-                del self._sent[url]
-                if url in self._cancelled:
-                    self._cancelled.discard(url)
-                    os.unlink(self._cancel_mark(url))
+            digest = self._digest(url)
+            if self._sent.get(digest, (None, None))[1] is job:
+                del self._sent[digest]
+                if digest in self._cancelled:
+                    self._cancelled.discard(digest)
+                    os.unlink(os.path.join(self.cancelled_dir, digest))
 
     def close(self) -> None:
         """Stop the download processes (running downloads finish, within

@@ -26,6 +26,7 @@ DataLoaders read ahead of the loop plus what arrives within the download
 latency at the measured rate (Little's law: in flight = misses/s x
 latency).
 """
+import contextlib
 import heapq
 import json
 import logging
@@ -147,6 +148,9 @@ class NodePrefetcher:
                 f'the prefetch reserve ({self.reserve} bytes) leaves nothing '
                 f'of cache_limit ({self.store.limit} bytes) to keep samples')
         self.marks = ReadOnceMarks(self.store.cache_dir)
+        # A dead prefetcher's marks and reports go now, not when the plan
+        # starts: a reader ahead of the plan reports its reads meanwhile.
+        self.marks.reset()
         self.planner: Optional[StreamPlanner] = None
         self.position = 0
         self._lock = threading.RLock()
@@ -272,7 +276,6 @@ class NodePrefetcher:
         """Plan from tick ``position``; files already on disk that the
         plan reads soon count as kept (a restart with a warm cache)."""
         sizes = {row.key: row.size for row in self.store.entries(NAMESPACE)}
-        self.marks.reset()
         self.position = position
         self.planner = StreamPlanner(
             self.stream,
@@ -283,10 +286,15 @@ class NodePrefetcher:
             horizon=self.horizon)
         if not sizes:
             # Nothing on disk tells the sample size the plan budgets with:
-            # the first samples are needed now anyway, download them first.
+            # the first samples are needed now anyway, download them first
+            # (but not again one that a reader ahead has read already).
             for sample in self.planner.lookahead(_SIZE_PROBES).tolist():
                 for url in self.sample_urls(sample):
-                    with self.reader.fetch(url) as entry:
+                    digest = self._digest(url)
+                    with contextlib.suppress(DownloadNotWanted), \
+                            self.reader.fetch(url, wanted=lambda d=digest:
+                                              not self.marks.reported(d)) \
+                            as entry:
                         sizes[url] = os.path.getsize(entry.path)
         present, files = [], []
         for sample in set(self.planner.lookahead(self.horizon).tolist()):
@@ -509,10 +517,11 @@ class NodePrefetcher:
             self._booked_ahead.discard(victim)
         return self._settle(victim)
 
-    def _take_reads(self) -> List[str]:
-        """Files read since the last round that the plan lets go now."""
+    def _take_reads(self, reported: List[str]) -> List[str]:
+        """Files read since the last round (the digests ``reported``) that
+        the plan lets go now."""
         gone = []
-        for digest in self.marks.take_read():
+        for digest in reported:
             marked = self._marked.pop(digest, None)
             if marked is not None:
                 _, url = marked
@@ -685,12 +694,16 @@ class NodePrefetcher:
             self._measure(self.position)
             if self.auto_reserve:
                 self._leaving.update(self._resize_reserve())
-            self._leaving.update(self._take_reads())
+            reported = self.marks.read_reports()
+            self._leaving.update(self._take_reads(reported))
             self._leaving.update(self._release_consumed())
             downloads = self._decide_ahead() + self._fetch_entering()
             if self._round is not None:
                 self._round.close()
             leaving = list(self._leaving)
+        if self._processes is not None:
+            self._processes.recheck(reported, self._still_needed)
+        self.marks.forget_reports(reported)
         self._evict(leaving)
         downloads = [(sample, urls, hint, group and group.span)
                      for sample, urls, hint, group in downloads]

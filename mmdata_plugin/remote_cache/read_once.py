@@ -70,13 +70,17 @@ class ReadOnceMarks:
         """Whether a read of ``digest`` was reported and not taken yet."""
         return os.path.exists(os.path.join(self.read_dir, digest))
 
-    def take_read(self) -> List[str]:
-        """Digests of marked entries read since the last call."""
+    def read_reports(self) -> List[str]:
+        """Digests of the entries whose reads were reported and not
+        forgotten yet (:meth:`forget_reports`)."""
         try:
-            names = os.listdir(self.read_dir)
+            return os.listdir(self.read_dir)
         except FileNotFoundError:
             return []
-        for name in names:
+
+    def forget_reports(self, digests: List[str]) -> None:
+        """The plan has taken these reports: they stop being
+        :meth:`reported` (a download process asks that)."""
+        for name in digests:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(os.path.join(self.read_dir, name))
-        return names

@@ -90,3 +90,71 @@ def test_readers_racing_the_polling_planner_never_download_twice(
                         for path, count in downloads.items()
                         if count > reads[path]})
     assert repeats == {}
+
+
+def _read_and_evict(backend, store, url):
+    """A reader ahead of the plan reads ``url`` (downloading it, reporting
+    the read) and the budget's pressure evicts it then."""
+    backend.get(url)
+    store.evict(NAMESPACE, url)
+
+
+def test_the_start_up_probe_skips_a_file_read_ahead_of_the_plan(tmp_path):
+    # The plan's first poll probes the first samples for their size; a
+    # reader that read one of them before (and whose copy is gone) has
+    # reported it, so it is not downloaded again for that read.
+    objects = prefetching._serve_varying_sizes(40, SIZE, 0)
+    with LoopbackHTTPServer(objects) as server:
+        urls = lambda sample: [server.url(f'{sample}.bin')]  # noqa: E731
+        prefetcher, writer, _, cache_dir, limit = prefetching.build(
+            tmp_path, count=40, epochs=1, urls=urls, remote=REMOTE)
+        first = prefetcher.stream.ids(0, 1).tolist()[0]
+        backend = NodeCacheBackend(cache_dir, limit, remote=REMOTE)
+        writer.publish(*prefetcher.stream.epoch_of(0))
+        _read_and_evict(backend, prefetcher.store, urls(first)[0])
+        try:
+            prefetcher.poll()
+        finally:
+            prefetcher.close()
+        assert server.stats().downloads[f'{first}.bin'] == 1
+
+
+def test_a_queued_job_for_a_file_read_meanwhile_is_cancelled(tmp_path):
+    # Two download processes, one thread each: the window's jobs wait in
+    # turn behind a slow first one in each. A reader ahead of the plan reads a waiting
+    # job's file, which is evicted. The plan keeps that file for its next
+    # epoch, so nothing marks it to go at this read: only the plan knows
+    # the job is not wanted, and the download process cannot see its
+    # books. Once the plan has taken the reader's report, the job must be
+    # cancelled, not downloaded a second time.
+    objects = prefetching._serve_varying_sizes(40, SIZE, 1)
+    with LoopbackHTTPServer(objects) as server:
+        urls = lambda sample: [server.url(f'{sample}.bin')]  # noqa: E731
+        prefetcher, writer, _, cache_dir, limit = prefetching.build(
+            tmp_path, count=40, epochs=2, urls=urls, remote=REMOTE,
+            max_inflight=2, download_processes=2)
+        stream, store = prefetcher.stream, prefetcher.store
+        order = stream.ids(0, stream.epoch_ticks_of(0)).tolist()
+        # A file on disk tells the plan the sizes (no start-up probe).
+        store.publish_bytes(NAMESPACE, urls(order[-1])[0],
+                            objects[f'{order[-1]}.bin'])
+        backend = NodeCacheBackend(cache_dir, limit, remote=REMOTE)
+        writer.publish(*stream.epoch_of(0))
+        waiting = order[3]
+        try:
+            server.latency = 1.0  # the first job's request, and the next
+            prefetcher.poll()
+            assert waiting in prefetcher._downloading
+            assert waiting in prefetcher.planner.cache  # kept: unmarked
+            time.sleep(0.1)  # the download process has started its first
+            server.latency = 0.0
+            _read_and_evict(backend, store, urls(waiting)[0])
+            prefetcher.poll()
+            deadline = time.monotonic() + 30
+            while prefetcher.status()['inflight']:
+                assert time.monotonic() < deadline, prefetcher.status()
+                time.sleep(0.01)
+                prefetcher.poll()
+        finally:
+            prefetcher.close()
+        assert server.stats().downloads[f'{waiting}.bin'] == 1
