@@ -28,6 +28,7 @@ from torch.utils.data import DataLoader
 import mmdata_plugin  # noqa: F401  (registers the demo components)
 from mmdata_plugin.data_monitor import DataLoaderMonitor
 from mmdata_plugin.data_monitor.instrument import LoaderInstrumentation
+from mmdata_plugin.data_monitor.report_writer import ReportWriter
 from mmdata_plugin.data_monitor.worker_timing import (ACCUMULATOR,
                                                       FULL_BATCHES)
 from mmdata_plugin.engine import DataMonitorHook
@@ -516,9 +517,11 @@ def per_step(loader: DataLoader,
 
     The hook runs on a stand-in runner with mmengine's MessageHub and a
     LoggerHook of interval 10 (the hook publishes at its log lines); its
-    private ``_logger`` / ``_start_log_interval`` and the monitor's
-    ``_on_batch`` are what ``before_train`` and the DataLoader iterator
-    would call: a benchmark-only shortcut around a whole Runner.
+    private ``_logger`` / ``_forget_log_scalars``, the monitor's books on
+    a report writer's thread (``book_on``, counted: process CPU time, the
+    writer flushed) and the monitor's ``_on_batch`` are what
+    ``before_train`` and the DataLoader iterator would do: a
+    benchmark-only shortcut around a whole Runner.
     """
     steps = recorded * 20
     runs = []
@@ -532,7 +535,9 @@ def per_step(loader: DataLoader,
             message_hub=MessageHub.get_instance('benchmark_monitor'),
             visualizer=SimpleNamespace(add_scalars=lambda *a, **k: None),
             train_dataloader=loader)
-        hook._start_log_interval(runner)
+        hook._forget_log_scalars(runner)
+        writer = ReportWriter()
+        hook.monitor.book_on(writer.submit)
         offset = 0.0
         start = time.process_time()
         for index, (requested, received, rec) in enumerate(steps):
@@ -543,7 +548,9 @@ def per_step(loader: DataLoader,
                                    rec)
             hook.before_train_iter(runner, index)
             hook.after_train_iter(runner, index)
+        writer.flush()
         runs.append((time.process_time() - start) / len(steps))
+        writer.close()
     return statistics.median(runs)
 
 

@@ -19,7 +19,8 @@ import multiprocessing
 import os
 import socket
 import time
-from typing import Callable, List, Optional
+from collections import deque
+from typing import Callable, List, Optional, Tuple
 
 from mmengine.logging import print_log
 from torch.utils.data import DataLoader
@@ -41,6 +42,15 @@ _perf_counter = time.perf_counter
 #: of them costs. Longer runs cost no less per step in total and make the
 #: refresh that books one longer (256: its longest call 1.2-1.7 ms).
 BOOK_EVERY = 64
+#: Booked on another thread (:meth:`DataLoaderMonitor.book_on`), steps are
+#: handed over after about this many seconds of them, at most
+#: ``HAND_OVER_MOST``: each time that thread wakes it books with cold CPU
+#: caches, and on a virtual machine with cold page walks too (1-2 ms per
+#: wake measured, ~28 us a step when woken every 64 steps), so it wakes
+#: seldom. The timeline's points are made when their steps are booked, so
+#: they reach the visualizer up to this late.
+HAND_OVER_SECONDS = 10.0
+HAND_OVER_MOST = 4096
 
 
 class _TimedIterator:
@@ -263,14 +273,15 @@ class DataLoaderMonitor:
 
     @property
     def total(self) -> StatsBook:
-        """The figures of every counted step so far."""
-        self._book_steps()
+        """The figures of every counted step so far (the booking thread's
+        while :meth:`book_on` has one)."""
+        self._book_here()
         return self._total
 
     @property
     def window(self) -> StatsBook:
         """The figures of the counted steps since :meth:`take_window`."""
-        self._book_steps()
+        self._book_here()
         return self._window
 
     def __enter__(self) -> 'DataLoaderMonitor':
@@ -293,9 +304,21 @@ class DataLoaderMonitor:
         self._total = StatsBook()
         self._window = StatsBook(capacity=1024)
         self._unbooked: List[tuple] = []
+        # Where runs of counted steps are booked (see book_on).
+        self._submit: Optional[Callable[..., None]] = None
+        self._book_every = BOOK_EVERY
+        self._most_unbooked = HAND_OVER_MOST
+        self._handed_at = 0.0
+        #: :meth:`StatsBook.sums` of the steps booked so far: one tuple
+        #: that any thread may read while another books.
+        self.booked_totals: tuple = self._total.sums()
         self._counted = 0
         self.startup = StatsBook(capacity=256)
-        self.timeline: List[dict] = []
+        self._timeline: List[dict] = []
+        #: Points not taken yet by the consumer (``popleft``): those of
+        #: the timeline, made on whichever thread books (the oldest go
+        #: beyond ``max_timeline_points`` untaken).
+        self.new_points: deque = deque(maxlen=self.max_timeline_points)
         self.skipped = 0
         self.starts = 0
         self._last_step: Optional[tuple] = None
@@ -307,6 +330,7 @@ class DataLoaderMonitor:
         self._starting = False
         self._last_received: Optional[float] = None
         self._index = -1
+        # Booked steps of the timeline point not complete yet.
         self._point_steps: List[tuple] = []
         # Counted steps since take_interval, kept once it is first called.
         self._interval_steps: Optional[List[tuple]] = None
@@ -345,15 +369,16 @@ class DataLoaderMonitor:
         if not self.manual_steps:
             self.step()
 
-    def step(self, index: Optional[int] = None) -> Optional[dict]:
+    def step(self, index: Optional[int] = None) -> None:
         """Commit the batch the consumer took since the last step.
+
+        The timeline's points are made as the counted steps are booked
+        (every :data:`BOOK_EVERY` steps, or on the thread of
+        :meth:`book_on`) and queued in :attr:`new_points` too.
 
         Args:
             index (int, optional): The step's number (e.g. ``runner.iter``);
                 counts on from the last one by default.
-
-        Returns:
-            dict | None: A timeline point, if this step completed one.
         """
         self._index = self._index + 1 if index is None else index
         trainer = self._trainer_pending
@@ -363,7 +388,7 @@ class DataLoaderMonitor:
         if pending is None:
             self.steps_without_batch += 1
             self._last_step = None
-            return None
+            return
         count = self._pending_count
         self._pending, self._pending_count = None, 0
         requested, received, record = pending
@@ -377,19 +402,15 @@ class DataLoaderMonitor:
         self._last_step = (wait, compute, record, counted)
         if not counted:
             self.skipped += 1
-            return None
+            return
         counted_step = (wait, compute, record, requested, received, trainer
-                        or None)
+                        or None, self._index)
         self._unbooked.append(counted_step)
-        self._point_steps.append(counted_step)
         if self._interval_steps is not None:
             self._interval_steps.append(counted_step)
         self._counted += 1
-        if self._counted % self.timeline_every == 0:
-            return self._close_point()
-        if len(self._unbooked) >= BOOK_EVERY:
-            self._book_steps()
-        return None
+        if len(self._unbooked) >= self._book_every:
+            self._book_unbooked()
 
     def _counts_off_the_steady_path(self, count: int, pending: tuple) -> bool:
         """Whether a step right after a start or a pause, or after batches
@@ -438,7 +459,7 @@ class DataLoaderMonitor:
         """
         steps = self._interval_steps or []
         self._interval_steps = []
-        records = [record for _, _, record, _, _, _ in steps if record]
+        records = [step[2] for step in steps if step[2]]
         return dict(
             steps=len(steps),
             wait=sum(step[0] for step in steps),
@@ -447,29 +468,99 @@ class DataLoaderMonitor:
             worker=sum(record['end'] - record['start']
                        for record in records))
 
-    def _book_steps(self) -> None:
-        """Add the steps counted since the last call to the books."""
-        if not self._unbooked:
+    def book_on(self, submit: Optional[Callable[..., None]]) -> None:
+        """Book the counted steps through ``submit(function, *args)``,
+        which runs what it is handed in order on one other thread
+        (DataMonitorHook's report writer), from now on: the training
+        thread then only appends a tuple per step and hands them over in
+        runs, and the books, the timeline and the summaries belong to that
+        thread (summarised there by the function of
+        :meth:`deferred_summaries`, which books what was counted before it
+        first, and needs no copy). None: book on the calling thread
+        again, once that thread has run all it was handed.
+        """
+        if submit is not None and self._unbooked:
+            self._book_unbooked()  # the runs stay in order
+        self._submit = submit
+        self._book_every = min(BOOK_EVERY if submit is None else 1,
+                               self._most_unbooked)
+        self._handed_at = _perf_counter()
+
+    def book_within(self, steps: int) -> None:
+        """Book the counted steps at least every ``steps`` of them (hand
+        them over that often with :meth:`book_on`): for a reader of
+        :attr:`booked_totals` that needs them that fresh
+        (RayDataNodesHook's pool sizing), at the cost of waking the
+        booking thread that often."""
+        self._most_unbooked = max(1, steps)
+        self._book_every = min(self._book_every, self._most_unbooked)
+
+    def _book_unbooked(self) -> None:
+        """Book the steps counted since the last call, here or on the
+        thread of :meth:`book_on`."""
+        steps, self._unbooked = self._unbooked, []
+        if not steps:
             return
-        columns = StepColumns(self._unbooked)
+        if self._submit is None:
+            self._book(steps)
+            return
+        self._submit(self._book_in_runs, steps)
+        now = _perf_counter()
+        rate = len(steps) / max(now - self._handed_at, 1e-9)
+        self._handed_at = now
+        self._book_every = max(
+            1,
+            min(self._most_unbooked, HAND_OVER_MOST,
+                int(rate * HAND_OVER_SECONDS)))
+
+    def _book_in_runs(self, steps: List[tuple]) -> None:
+        """:meth:`_book` in runs of ``BOOK_EVERY``, letting the GIL go
+        between them: the training thread, which wants it back, waits for
+        one run (~0.1-0.5 ms), not for the whole hand-over."""
+        for first in range(0, len(steps), BOOK_EVERY):
+            self._book(steps[first:first + BOOK_EVERY])
+            time.sleep(0)
+
+    def _book(self, steps: List[tuple]) -> None:
+        """Add a run of counted steps to the books and make the timeline
+        points it completes."""
+        columns = StepColumns(steps)
         for book in (self._total, self._window):
             book.add_columns(columns)
-        self._unbooked.clear()
+        self.booked_totals = self._total.sums()
+        pending = self._point_steps
+        pending.extend(steps)
+        every = self.timeline_every
+        while len(pending) >= every:
+            self._close_point(pending[:every])
+            del pending[:every]
+
+    def _book_here(self) -> None:
+        """Book what is counted, unless the books live on another
+        thread (:meth:`book_on`)."""
+        if self._submit is None:
+            self._book_unbooked()
 
     # ------------------------------------------------------------ results
-    def _close_point(self) -> dict:
-        """The timeline point of the steps counted since the last one.
+    @property
+    def timeline(self) -> List[dict]:
+        """The points of the counted steps so far: per ``timeline_every``
+        of them, their means (ms) and the ``step`` that closed each."""
+        self._book_here()
+        return self._timeline
 
-        Made from those steps themselves, not from the books: reading them
-        would book every ``timeline_every`` steps, which costs several
-        times what booking in runs of ``BOOK_EVERY`` does.
+    def _close_point(self, steps: List[tuple]) -> None:
+        """The timeline point of ``steps`` (``timeline_every`` of them).
+
+        Made from those steps themselves, not from the books, which hold
+        only sums over all steps.
         """
-        steps, self._point_steps = self._point_steps, []
         wait = compute = worker = transfer = 0.0
         computes = batches = timed = 0
         stages = self._point_stages
         totals = dict.fromkeys(stages, 0.0)
-        for step_wait, step_compute, record, requested, received, _ in steps:
+        for step_wait, step_compute, record, requested, received, _, _ in \
+                steps:
             wait += step_wait
             if step_compute is not None:
                 compute += step_compute
@@ -490,7 +581,7 @@ class DataLoaderMonitor:
         batches = max(batches, 1)
         # Stages: over the point's timed batches (none: no stage figures).
         point = dict(
-            step=self._index,
+            step=steps[-1][-1],
             steps=len(steps),
             wait=1e3 * wait / len(steps),
             compute=1e3 * compute / max(computes, 1),
@@ -499,10 +590,10 @@ class DataLoaderMonitor:
             timed=timed,
             stages={key: 1e3 * total / timed
                     for key, total in totals.items()} if timed else {})
-        self.timeline.append(point)
-        if len(self.timeline) > self.max_timeline_points:
-            self.timeline = _merge_pairs(self.timeline)
-        return point
+        self._timeline.append(point)
+        if len(self._timeline) > self.max_timeline_points:
+            self._timeline = _merge_pairs(self._timeline)
+        self.new_points.append(point)
 
     def summary(self, book: Optional[StatsBook] = None) -> dict:
         """This process's figures as plain data (one ``ranks`` entry).
@@ -514,6 +605,13 @@ class DataLoaderMonitor:
         """
         return self.deferred_summary(book)()
 
+    def _books_here(self, what: str) -> None:
+        if self._submit is not None:
+            raise RuntimeError(
+                f'DataLoaderMonitor.{what}: the books are kept on another '
+                'thread (book_on); use deferred_summaries and run its '
+                'function there')
+
     def deferred_summary(self,
                          book: Optional[StatsBook] = None,
                          copy: bool = True) -> Callable[[], dict]:
@@ -521,19 +619,28 @@ class DataLoaderMonitor:
 
         What it needs is copied now, in well under a millisecond, and
         summarised later on any thread while this monitor goes on counting
-        (DataMonitorHook's report writer).
+        (DataMonitorHook's report writer). With the books on another
+        thread (:meth:`book_on`), see :meth:`deferred_summaries`.
 
         Args:
             book (StatsBook, optional): As for :meth:`summary`.
             copy (bool): Copy the book; False for one that is counted no
                 more. Defaults to True.
         """
+        self._books_here('deferred_summary')
         book = self.total if book is None else book
         figures = book.copy() if copy else book
+        timeline = list(self._timeline) if book is self._total else []
+        return self._summariser(lambda: (figures, timeline))
+
+    def _summariser(self, books: Callable[[], Tuple[StatsBook, list]]
+                    ) -> Callable[[], dict]:
+        """The summary of the book and timeline ``books()`` gives when
+        called; the counts of this thread are copied now."""
         skipped, startup = self.skipped, self.startup.wait.copy()
-        timeline = list(self.timeline) if book is self.total else []
 
         def summarise() -> dict:
+            figures, timeline = books()
             summary = figures.summary()
             summary.update(
                 skipped=skipped,
@@ -553,9 +660,44 @@ class DataLoaderMonitor:
             deferred (bool): Return it as :meth:`deferred_summary` does.
                 Defaults to False.
         """
-        summarise = self.deferred_summary(self.window, copy=False)
+        self._books_here('take_window')
+        window = self.window
         self._window = StatsBook(capacity=1024)
+        summarise = self._summariser(lambda: (window, []))
         return summarise if deferred else summarise()
+
+    def deferred_summaries(
+            self, window: bool
+    ) -> Callable[[], Tuple[dict, Optional[dict]]]:
+        """The summaries of the whole run and (``window``) of the span
+        since the last window, made when the returned function is called;
+        the window is taken now.
+
+        With the books on another thread (:meth:`book_on`), the function
+        must run there, as the next thing handed over (in the job
+        DataMonitorHook hands over next, its refresh): it books the steps
+        counted up to this call, which it carries, and summarises the
+        books uncopied. Nothing is handed over by this call, so the
+        booking thread does not wake (and want the GIL) while the caller
+        goes on.
+        """
+        if self._submit is None:
+            total = self.deferred_summary()
+            taken = self.take_window(deferred=True) if window else None
+            return lambda: (total(), taken() if taken else None)
+        steps, self._unbooked = self._unbooked, []
+        whole = self._summariser(lambda: (self._total, list(self._timeline)))
+        span = self._summariser(self._swap_window) if window else None
+
+        def summarise() -> Tuple[dict, Optional[dict]]:
+            self._book_in_runs(steps)
+            return whole(), span() if span else None
+
+        return summarise
+
+    def _swap_window(self) -> Tuple[StatsBook, list]:
+        taken, self._window = self._window, StatsBook(capacity=1024)
+        return taken, []
 
     def report(self,
                rank_summaries: Optional[List[dict]] = None,

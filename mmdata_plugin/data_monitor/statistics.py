@@ -256,11 +256,13 @@ class StepColumns:
 
     Args:
         steps (list[tuple]): Per step ``(wait, compute, record, t_request,
-            t_received, trainer)``, the arguments of :meth:`StatsBook.add`.
+            t_received, trainer, index)``: the arguments of
+            :meth:`StatsBook.add` and the step's number (not booked).
     """
 
     def __init__(self, steps: List[tuple]) -> None:
-        waits, computes, records, requested, received, trainers = zip(*steps)
+        waits, computes, records, requested, received, trainers, _ = zip(
+            *steps)
         self.wait = Series(waits)
         self.compute = Series([c for c in computes if c is not None])
         self.trainer = [stages for stages in trainers if stages]
@@ -444,7 +446,7 @@ class StatsBook:
         """
         self.add_columns(
             StepColumns([(wait, compute, record, t_request, t_received,
-                          trainer)]))
+                          trainer, None)]))
 
     def add_columns(self, columns: StepColumns) -> None:
         """Add a run of counted steps (see :meth:`add`)."""
@@ -468,6 +470,13 @@ class StatsBook:
                     stats = groups[group] = WorkerStats(
                         min(self.capacity, 1024))
                 stats.add_run(run)
+
+    def sums(self) -> tuple:
+        """``(steps, wait, worker time, batches, compute, computed
+        steps)``: the running sums (seconds) the pool sizing of
+        RayDataNodesHook compares between two reads."""
+        return (self.wait.seen, self.wait.total, self.worker.total,
+                self.worker.seen, self.compute.total, self.compute.seen)
 
     def copy(self) -> 'StatsBook':
         """A copy that later additions to this book leave unchanged, made

@@ -2,6 +2,7 @@
 import copy
 import gc
 import pickle
+import threading
 
 import mmcv
 import mmengine.fileio
@@ -78,6 +79,71 @@ def test_steps_after_starts_pauses_and_skips_are_not_counted():
     # A plain list cannot be switched to a timed class: collate only.
     assert set(monitor.summary()['stages']) == {'collate'}
     monitor.uninstall()
+
+
+def test_books_kept_on_another_thread_count_what_inline_books_count(
+        monkeypatch):
+    # DataMonitorHook books on its report writer's thread: the training
+    # thread only appends; the figures, the points and the sums the Ray
+    # pool sizing reads are those of books kept inline, nothing is booked
+    # on the counting thread, and the window is the span up to its call.
+    from mmdata_plugin.data_monitor.report_writer import ReportWriter
+    from mmdata_plugin.data_monitor.statistics import StatsBook
+    booked_on = {}
+    add_columns = StatsBook.add_columns
+
+    def add_columns_here(book, columns):
+        booked_on.setdefault(id(book), set()).add(threading.get_ident())
+        add_columns(book, columns)
+
+    monkeypatch.setattr(StatsBook, 'add_columns', add_columns_here)
+    monitors, summaries = [], {False: [], True: []}
+    writer = ReportWriter(name='test-books')
+    for elsewhere in (False, True):
+        loader = DataLoader(list(range(800)), batch_size=2)
+        monitor = DataLoaderMonitor(
+            loader, warmup_iters=0, settle_iters=0, manual_steps=True,
+            timeline_every=7).install()
+        if elsewhere:
+            booked_on.clear()
+            monitor.book_on(writer.submit)
+        iterator = iter(loader)
+
+        def summarise(window):
+            made = summaries[elsewhere]
+            function = monitor.deferred_summaries(window)
+            if elsewhere:  # the next job handed over
+                writer.submit(lambda: made.append(function()))
+            else:
+                made.append(function())
+
+        for step in range(390):
+            next(iterator)
+            monitor.step(step)
+            if step == 149:
+                summarise(window=True)
+        summarise(window=False)
+        if elsewhere:
+            writer.flush()
+            # (the start-up batch's book is the counting thread's own)
+            del booked_on[id(monitor.startup)]
+            assert set.union(*booked_on.values()) == {writer.thread.ident}
+            monitor.book_on(None)
+            with pytest.raises(RuntimeError, match='another thread'):
+                monitor.book_on(writer.submit)
+                monitor.summary()
+            monitor.book_on(None)
+        monitors.append(monitor)
+        monitor.uninstall()
+    writer.close()
+    for (first, window), (last, none) in summaries.values():
+        assert first['steps'] == window['steps'] == 149  # (the start-up)
+        assert last['steps'] == 389 and none is None
+        assert [p['step'] for p in last['timeline']] == list(
+            range(7, 389, 7))
+    assert [p['step'] for p in monitors[1].new_points] == list(
+        range(7, 389, 7))
+    assert monitors[1].booked_totals[0] == 389
 
 
 def test_a_long_timeline_is_halved_by_weighted_means():

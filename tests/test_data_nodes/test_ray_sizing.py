@@ -171,8 +171,11 @@ class _Monitor:
         self.total = StatsBook()
 
     @property
-    def counted_steps(self) -> int:
-        return self.total.wait.seen
+    def booked_totals(self) -> tuple:
+        return self.total.sums()
+
+    def book_within(self, steps: int) -> None:
+        pass  # its sums are always those of every step
 
     def steps(self, count: int, production: float, step: float,
               wait: float) -> None:

@@ -277,6 +277,14 @@ def test_outputs_log_line_visualizer_tables_and_png(tmp_path):
     assert logged and all('dm_input_bound' in s for s in logged)
     detail = [s for s in scalars if 'data_monitor/02_Sleep_time' in s]
     assert detail and 'data_monitor/io_time' in detail[0]
+    # Every point of the report's timeline went to the visualizer (made on
+    # the report writer's thread, sent from the training thread), at the
+    # iteration that closed it.
+    timeline = _report(runner)['ranks'][0]['timeline']
+    points = [s for s in scalars if 'data_monitor/wait_time' in s]
+    assert [s['step'] for s in points] == [p['step'] + 1 for p in timeline]
+    assert [s['data_monitor/wait_time'] for s in points] == pytest.approx(
+        [p['wait'] for p in timeline])
 
 
 def test_env_variable_turns_the_hook_on_and_off():
@@ -512,7 +520,7 @@ def test_a_refresh_whose_figures_fail_still_joins_the_gather(
     def failing_first(self, runner, with_window=False):
         made = snapshot(self, runner, with_window)
         if with_window and runner.iter == 1:
-            made['window'] = lambda: 1 / 0
+            made['summaries'] = lambda: 1 / 0
         return made
 
     monkeypatch.setattr(DataMonitorHook, '_snapshot', failing_first)

@@ -28,10 +28,11 @@ from mmdata_plugin.data_monitor.worker_timing import MonitoredBatch
 #: Environment variable read by :func:`apply_data_monitor_env`.
 MONITOR_ENV = 'MMDATA_MONITOR'
 #: Seconds a refresh's report may reuse the head cache's figures. Reading
-#: them locks the node store's ledger (beside the workers that write it)
-#: and reads every process's counter file: a third of a refresh's cost.
-#: The final report reads them afresh.
-HEAD_CACHE_READ_EVERY = 10.0
+#: them locks the node store's ledger (beside the workers that write it),
+#: reclaims dead processes' counts and reads every process's counter file:
+#: 5-9 ms at steady state, half a refresh's cost, where refreshes come
+#: every ``table_min_seconds`` (10). The final report reads them afresh.
+HEAD_CACHE_READ_EVERY = 60.0
 #: What the hook puts into the log line (message hub keys).
 LOG_SCALARS = ('train/dm_wait_time', 'train/dm_worker_time',
                'train/dm_input_bound')
@@ -140,7 +141,6 @@ class DataMonitorHook(Hook):
         self.plot = plot
         self.monitor: Optional[DataLoaderMonitor] = None
         self._logger: Optional[LoggerHook] = None
-        self._logged = False
         self._loader_length: Optional[int] = None
         # _logger_logs's bounds: batch indices in between need no check.
         self._checked_index = -1
@@ -155,6 +155,8 @@ class DataMonitorHook(Hook):
         self._encoded: dict = {}
         # (time.monotonic() when read, summary) of the head cache.
         self._head_cache: Optional[tuple] = None
+        self._run_context: dict = {}
+        self._node_ranks = 1
         # The refreshes' spacing (see _space_refreshes): the iteration
         # count of the next one, and rank 0's (seconds since before_train,
         # iteration) at the last one, all set on the writer's thread.
@@ -177,7 +179,7 @@ class DataMonitorHook(Hook):
         self._logger = next(
             (h for h in runner.hooks if isinstance(h, LoggerHook)), None)
         # A resumed message hub holds the last run's dm_* values.
-        self._start_log_interval(runner)
+        self._forget_log_scalars(runner)
         self.monitor = DataLoaderMonitor(loader, **self.monitor_args)
         self.monitor.install(loop=loop)
         if self._logger is not None:
@@ -187,6 +189,9 @@ class DataMonitorHook(Hook):
         # process finishes them.
         self._writer = ReportWriter(
             exit_timeout=10.0 if get_world_size() == 1 else 0.0)
+        # The books (and the timeline's points) are kept on the writer's
+        # thread: a step only appends a tuple, and a refresh copies nothing.
+        self.monitor.book_on(self._writer.submit)
         # The writer gathers all ranks' figures beside training, whose own
         # collectives (DDP's all-reduce) use the default group: two
         # threads must not share a group.
@@ -195,6 +200,16 @@ class DataMonitorHook(Hook):
         # A resumed run starts at runner.iter: the first spacing counts
         # the iterations from there.
         self._started = time.monotonic()
+        # What every report reads of the run, which does not change: read
+        # now, not in a refresh's snapshot (on a virtual machine, code and
+        # data untouched since the last refresh cost milliseconds to reach
+        # again, on the training thread).
+        self._run_context = dict(
+            dataset=loader.dataset,
+            pipeline=runner.cfg.get('train_dataloader', {}).get(
+                'dataset', {}).get('pipeline'))
+        self._node_ranks = int(
+            os.environ.get('LOCAL_WORLD_SIZE', get_world_size()))
         self._last_table = (0.0, runner.iter - 1)
         self._next_table = self.table_interval
         self._submitted = self._spaced = 0
@@ -253,24 +268,30 @@ class DataMonitorHook(Hook):
         monitor = self.monitor
         if monitor is None:
             return
-        if self._logged:
-            self._start_log_interval(runner)
-        point = monitor.step(runner.iter)
-        if point is not None:
-            self._add_point(runner, point)
-        elif (monitor.steps_without_batch > 2 and not self._blind_checked
+        monitor.step(runner.iter)
+        if monitor.new_points:
+            self._add_points(runner, monitor.new_points)
+        elif (not self._blind_checked and monitor.steps_without_batch > 2
               and monitor.last_step is None):
             self._warn_if_blind(runner)
 
-    def _add_point(self, runner, point: dict) -> None:
-        """Send a timeline point to the visualizer (rank 0's)."""
+    def _add_points(self, runner, points) -> None:
+        """Send the timeline points made since the last call (booked on
+        the writer's thread) to the visualizer, rank 0's, from this
+        thread, as LoggerHook sends its scalars."""
         # Asked once, at the first point (training has set up the process
         # group by then): mmengine's get_rank goes through
         # torch.distributed's world state at every call.
         if self._rank is None:
             self._rank = get_rank()
-        if self._rank != 0:
-            return
+        while points:
+            point = points.popleft()
+            if self._rank == 0:
+                runner.visualizer.add_scalars(
+                    self._point_scalars(point), step=point['step'] + 1)
+
+    @staticmethod
+    def _point_scalars(point: dict) -> dict:
         scalars = {
             'data_monitor/wait_time': point['wait'],
             'data_monitor/compute_time': point['compute'],
@@ -281,11 +302,14 @@ class DataMonitorHook(Hook):
             f'data_monitor/{key}_time': ms
             for key, ms in point['stages'].items()
         })
-        runner.visualizer.add_scalars(scalars, step=runner.iter + 1)
+        return scalars
 
     def _publish_interval(self, runner) -> None:
-        """Put the interval's means into the message hub for LoggerHook
-        (one update per log line: HistoryBuffer.update copies its array)."""
+        """Put the interval's means into the message hub for LoggerHook,
+        which logs after this hook (one update per log line:
+        HistoryBuffer.update copies its array); none when no step of the
+        interval was counted."""
+        self._forget_log_scalars(runner)
         interval = self.monitor.take_interval()
         if not interval['steps']:
             return
@@ -299,18 +323,19 @@ class DataMonitorHook(Hook):
         hub.update_scalar('train/dm_input_bound',
                           interval['wait'] / span if span else 0.0)
 
-    def _start_log_interval(self, runner) -> None:
+    @staticmethod
+    def _forget_log_scalars(runner) -> None:
         """Forget the dm_* values of the last logging interval.
 
         The log line shows what the message hub holds (the last value, or a
-        mean over a window): without this, an interval in which no step was
-        counted (warm-up after a resume, an epoch spent settling) would
-        repeat older figures as if measured.
+        mean over a window of them): without this, an interval in which no
+        step was counted (warm-up after a resume, an epoch spent settling)
+        would repeat older figures as if measured, and a counted one would
+        show a mean over several intervals.
         """
         scalars = runner.message_hub.log_scalars
         for key in LOG_SCALARS:
             scalars.pop(key, None)
-        self._logged = False
 
     def _logger_logs(self, runner, batch_idx: int) -> bool:
         """Whether LoggerHook writes a log line after this iteration (its
@@ -359,8 +384,7 @@ class DataMonitorHook(Hook):
                          outputs=None) -> None:
         if self.monitor is None:
             return
-        self._logged = self._logger_logs(runner, batch_idx)
-        if self._logged:
+        if self._logger_logs(runner, batch_idx):
             self._publish_interval(runner)
         if not self.table_interval or not self.every_n_train_iters(
                 runner, self.table_interval):
@@ -412,7 +436,10 @@ class DataMonitorHook(Hook):
         if self.monitor is None:
             return
         self._writer.close()
+        self.monitor.book_on(None)
         report, _ = self._gather_report(self._snapshot(runner))
+        # The points of the last steps, booked just now.
+        self._add_points(runner, self.monitor.new_points)
         if self._group is not None:
             torch_dist.destroy_process_group(self._group)
             self._group = None
@@ -433,19 +460,14 @@ class DataMonitorHook(Hook):
     def _snapshot(self, runner, with_window: bool = False) -> dict:
         """What a report is made of, copied on the training thread; the
         figures are computed by :meth:`_gather_report`, on any thread."""
-        dataset = runner.train_loop.dataloader.dataset
         return dict(
-            total=self.monitor.deferred_summary(),
-            window=(self.monitor.take_window(deferred=True)
-                    if with_window else None),
+            summaries=self.monitor.deferred_summaries(window=with_window),
+            refresh=with_window,
             iteration=runner.iter,
             elapsed=time.monotonic() - self._started,
             max_iters=runner.max_iters,
-            dataset=dataset,
-            pipeline=runner.cfg.get('train_dataloader', {}).get(
-                'dataset', {}).get('pipeline'),
-            batches=runner.iter * int(
-                os.environ.get('LOCAL_WORLD_SIZE', get_world_size())))
+            batches=runner.iter * self._node_ranks,
+            **self._run_context)
 
     def _gather_report(self, snapshot: dict):
         """The report of all ranks, and their window summaries (or None).
@@ -455,16 +477,17 @@ class DataMonitorHook(Hook):
         rank = get_rank()
         mine = dict(elapsed=snapshot['elapsed'])
         try:
-            mine['total'] = dict(snapshot['total'](), rank=rank)
-            if snapshot['window'] is not None:
-                mine['window'] = dict(snapshot['window'](), rank=rank)
+            total, window = snapshot['summaries']()
+            mine['total'] = dict(total, rank=rank)
+            if window is not None:
+                mine['window'] = dict(window, rank=rank)
         except Exception as error:
             # Still gathered, and the refreshes still spaced: a rank that
             # left the collective alone would pair its next gather with
             # its peers' last one.
             mine = dict(elapsed=snapshot['elapsed'], error=repr(error))
         gathered = all_gather_object(mine, group=self._group)
-        if snapshot['window'] is not None:  # a refresh
+        if snapshot['refresh']:
             self._space_refreshes(snapshot['iteration'],
                                   gathered[0]['elapsed'])
         failed = [(r, g['error']) for r, g in enumerate(gathered)
@@ -502,7 +525,7 @@ class DataMonitorHook(Hook):
         """The head cache's figures: read afresh for the final report, at
         most every ``HEAD_CACHE_READ_EVERY`` seconds for a refresh's."""
         now = time.monotonic()
-        final = snapshot['window'] is None  # only refreshes take a window
+        final = not snapshot['refresh']
         if (final or self._head_cache is None
                 or now - self._head_cache[0] >= HEAD_CACHE_READ_EVERY):
             self._head_cache = (now, read_head_cache(snapshot['dataset']))

@@ -99,25 +99,23 @@ class _AutoSize:
         self.monitor = monitor
         self.low, self.high, self.every = low, high, every
         self.local_workers = local_workers
+        # Its sums must follow the steps within a sizing period.
+        monitor.book_within(every)
         self.restart()
 
     def restart(self) -> None:
         """Measure from now on (the pool has just changed)."""
-        self._mark = self._sums()
-
-    def _sums(self) -> tuple:
-        book = self.monitor.total
-        return (book.wait.seen, book.wait.total, book.worker.total,
-                book.worker.seen, book.compute.total, book.compute.seen)
+        self._mark = self.monitor.booked_totals
 
     def wanted(self, actors: int) -> Optional[tuple]:
         """``(actors wanted, production ms, step ms, waiting share)`` when
         the pool of ``actors`` should change; None otherwise (or before
-        ``every`` more steps were counted)."""
-        steps = self.monitor.counted_steps - self._mark[0]
+        ``every`` more steps were booked: DataMonitorHook books them in
+        runs, on its writer's thread)."""
+        now, mark = self.monitor.booked_totals, self._mark
+        steps = now[0] - mark[0]
         if steps < self.every:
             return None
-        now, mark = self._sums(), self._mark
         self._mark = now
         waited, production, batches, compute, computes = (
             a - b for a, b in zip(now[1:], mark[1:]))
