@@ -594,7 +594,7 @@ def steady_state(build: Callable[[int], DataLoader], hook_args: dict,
         train_loop=SimpleNamespace(dataloader=loaders['monitored']),
         train_dataloader=loaders['monitored'])
     hook.before_train(runner)
-    longest = dict(call=0.0, refresh=0.0)
+    longest = dict(call=0.0, refresh=0.0, refresh_cpu=0.0)
     # The hook's CPU time and the clock's own cost inside each reading of
     # it (a system call, cold after the pipeline's work), measured beside
     # it and subtracted.
@@ -606,6 +606,9 @@ def steady_state(build: Callable[[int], DataLoader], hook_args: dict,
             index, submitted = runner.iter, hook._submitted
             cpu = time.thread_time()
             hook.before_train_iter(runner, index, batch)
+            # (the clock read only where a refresh may come)
+            call_cpu = time.thread_time() if hook.table_interval and (
+                index + 1) % hook.table_interval == 0 else 0.0
             start = time.perf_counter()
             hook.after_train_iter(runner, index, batch)
             spent = time.perf_counter() - start
@@ -613,8 +616,9 @@ def steady_state(build: Callable[[int], DataLoader], hook_args: dict,
             hook_cpu[0] += clock - cpu
             clock_cpu[0] += time.thread_time() - clock
             longest['call'] = max(longest['call'], spent)
-            if hook._submitted != submitted:
-                longest['refresh'] = max(longest['refresh'], spent)
+            if hook._submitted != submitted and spent > longest['refresh']:
+                # Its own CPU time, apart from waiting (for the GIL).
+                longest.update(refresh=spent, refresh_cpu=clock - call_cpu)
             runner.iter += 1
             yield batch
 
@@ -625,7 +629,7 @@ def steady_state(build: Callable[[int], DataLoader], hook_args: dict,
         take(iterators['plain'], args.warmup)
         every = settle_sampling(iterators['monitored'], args.steady_warmup)
         hook._writer.flush()
-        longest.update(call=0.0, refresh=0.0)
+        longest.update(call=0.0, refresh=0.0, refresh_cpu=0.0)
         hook_cpu[0] = clock_cpu[0] = 0.0
         writer_clock = time.pthread_getcpuclockid(hook._writer.thread.ident)
         writer_cpu = time.clock_gettime(writer_clock)
@@ -668,7 +672,8 @@ def steady_state(build: Callable[[int], DataLoader], hook_args: dict,
         wall_us=1e6 * (wall['monitored'] / samples['monitored'] -
                        wall['plain'] / samples['plain']),
         longest_ms=1e3 * longest['call'],
-        refresh_ms=1e3 * longest['refresh'])
+        refresh_ms=1e3 * longest['refresh'],
+        refresh_cpu_ms=1e3 * longest['refresh_cpu'])
 
 
 def measure(name: str, build: Callable[[int], DataLoader], hook_args: dict,
@@ -745,7 +750,8 @@ def measure(name: str, build: Callable[[int], DataLoader], hook_args: dict,
               f"{steady['plain_us']:.1f} us (IQR of the rounds "
               f"{steady['spread']} us), wall {steady['wall_us']:+.2f} us; "
               f"longest after_train_iter {steady['longest_ms']:.3f} ms, "
-              f"longest refreshing one {steady['refresh_ms']:.3f} ms")
+              f"longest refreshing one {steady['refresh_ms']:.3f} ms "
+              f"({steady['refresh_cpu_ms']:.3f} ms of its thread's CPU)")
         print(f"  steady state accounted: the hook's calls "
               f"{steady['hook_us']:.2f} us (the clock's own "
               f"{steady['clock_us']:.2f} us subtracted) + its writer thread "
