@@ -282,7 +282,7 @@ class ProcessDownloads:
                 span_workers[job.cover] = worker
             worker.jobs[job.id] = job
             self._sent.update(
-                (self._digest(url), (url, job)) for url in urls)
+                (self.reader.entry_digest(url), (url, job)) for url in urls)
             batches.setdefault(worker.pid, []).append(
                 (job.id, urls, job.hint, job.cover))
         self._jobs = []
@@ -296,7 +296,7 @@ class ProcessDownloads:
     def cancel(self, urls: List[str]) -> None:
         """The plan lets ``urls`` go: a download process that has not
         started theirs yet must not (it would be a second download)."""
-        self._cancel([self._digest(url) for url in urls])
+        self._cancel([self.reader.entry_digest(url) for url in urls])
 
     def recheck(self, read: List[str],
                 wanted: Callable[[int, str], bool]) -> None:
@@ -317,13 +317,9 @@ class ProcessDownloads:
                 os.close(os.open(os.path.join(self.cancelled_dir, digest),
                                  os.O_CREAT | os.O_WRONLY, 0o644))
 
-    def _digest(self, url: str) -> str:
-        """The name of ``url``'s entry, its cancel mark and its reports."""
-        return os.path.basename(self.reader.entry_path(url))
-
     def _answered(self, job: _Job) -> None:
         for url in job.urls:
-            digest = self._digest(url)
+            digest = self.reader.entry_digest(url)
             if self._sent.get(digest, (None, None))[1] is job:
                 del self._sent[digest]
                 if digest in self._cancelled:
@@ -450,7 +446,7 @@ def _download(reader: RemoteReader, room: _PlannerRoom, url: str, hint: int,
     """Bytes of ``url``'s entry, ``_GONE`` if freed already, ``_BUSY``
     (another process had it, or it may not be wanted: the planner
     decides)."""
-    digest = os.path.basename(reader.entry_path(url))
+    digest = reader.entry_digest(url)
     cancelled = os.path.join(reader.store.cache_dir, CANCELLED_DIR, digest)
 
     def wanted() -> bool:

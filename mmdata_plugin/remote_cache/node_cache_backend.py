@@ -154,6 +154,11 @@ class RemoteReader:
     def entry_path(self, url: str) -> str:
         return self.store.entry_path(NAMESPACE, url)
 
+    def entry_digest(self, url: str) -> str:
+        """The name of ``url``'s entry: what its read-once mark, its
+        readers' reports and its download's cancel mark are named."""
+        return os.path.basename(self.entry_path(url))
+
     def fetch(self,
               url: str,
               size_hint: Optional[int] = None,

@@ -264,11 +264,8 @@ class NodePrefetcher:
         return all(
             os.path.exists(self.reader.entry_path(url)) for url in urls)
 
-    def _digest(self, url: str) -> str:
-        return os.path.basename(self.reader.entry_path(url))
-
     def _file_key(self, url: str) -> int:
-        return digest_key(self._digest(url))
+        return digest_key(self.reader.entry_digest(url))
 
     # -- start --------------------------------------------------------------
 
@@ -290,7 +287,7 @@ class NodePrefetcher:
             # (but not again one that a reader ahead has read already).
             for sample in self.planner.lookahead(_SIZE_PROBES).tolist():
                 for url in self.sample_urls(sample):
-                    digest = self._digest(url)
+                    digest = self.reader.entry_digest(url)
                     with contextlib.suppress(DownloadNotWanted), \
                             self.reader.fetch(url, wanted=lambda d=digest:
                                               not self.marks.reported(d)) \
@@ -458,13 +455,13 @@ class NodePrefetcher:
         self._staged_bytes -= self._staged.pop(url, 0)
 
     def _mark(self, sample: int, url: str) -> None:
-        digest = self._digest(url)
+        digest = self.reader.entry_digest(url)
         if digest not in self._marked:
             self._marked[digest] = (sample, url)
             self.marks.mark(digest)
 
     def _unmark(self, url: str) -> None:
-        digest = self._digest(url)
+        digest = self.reader.entry_digest(url)
         if self._marked.pop(digest, None) is not None:
             self.marks.unmark(digest)
 
@@ -541,7 +538,7 @@ class NodePrefetcher:
     def _read_already(self, urls: List[str]) -> bool:
         """Whether a reader ahead of the plan has read these files (the
         read of the tick being decided); forgets that it did."""
-        digests = [self._digest(url) for url in urls]
+        digests = [self.reader.entry_digest(url) for url in urls]
         if not all(digest in self._read_ahead for digest in digests):
             return False
         for digest in digests:
@@ -561,7 +558,7 @@ class NodePrefetcher:
                 # Its reads are past: a report of one of them says nothing
                 # of the next.
                 for url in self.booked_files(sample):
-                    self._read_ahead.pop(self._digest(url), None)
+                    self._read_ahead.pop(self.reader.entry_digest(url), None)
             gone.extend(self._settle(sample))
             if sample not in self._reads:
                 self._files_ahead.pop(sample, None)
@@ -979,7 +976,7 @@ class NodePrefetcher:
         read afresh: the plan's own lags a round behind, and a reader that
         read the file may have let it go already."""
         position = self._loops_position()
-        digest = self._digest(url)
+        digest = self.reader.entry_digest(url)
         # A reader's report of its read, not taken by the plan yet.
         reported = self.marks.reported(digest)
         with self._lock:
