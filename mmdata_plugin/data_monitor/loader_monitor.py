@@ -605,7 +605,7 @@ class DataLoaderMonitor:
         """
         return self.deferred_summary(book)()
 
-    def _books_here(self, what: str) -> None:
+    def _refuse_if_booked_elsewhere(self, what: str) -> None:
         if self._submit is not None:
             raise RuntimeError(
                 f'DataLoaderMonitor.{what}: the books are kept on another '
@@ -627,7 +627,7 @@ class DataLoaderMonitor:
             copy (bool): Copy the book; False for one that is counted no
                 more. Defaults to True.
         """
-        self._books_here('deferred_summary')
+        self._refuse_if_booked_elsewhere('deferred_summary')
         book = self.total if book is None else book
         figures = book.copy() if copy else book
         timeline = list(self._timeline) if book is self._total else []
@@ -660,7 +660,7 @@ class DataLoaderMonitor:
             deferred (bool): Return it as :meth:`deferred_summary` does.
                 Defaults to False.
         """
-        self._books_here('take_window')
+        self._refuse_if_booked_elsewhere('take_window')
         window = self.window
         self._window = StatsBook(capacity=1024)
         summarise = self._summariser(lambda: (window, []))
