@@ -490,6 +490,12 @@ def fill_history_buffer(buffer, log_history,
     buffer._count_history = count_history
 
 
+def set_only_value(buffer, value: float) -> None:
+    """Write ``value`` over the one value of a ``HistoryBuffer`` made with
+    one (``_log_history[0]``; same releases), in place: no array made."""
+    buffer._log_history[0] = value
+
+
 def mmengine_home() -> str:
     """``MMENGINE_HOME`` as mmengine resolves it for its model tables
     (``mmengine.runner.checkpoint._get_mmengine_home``; same releases)."""

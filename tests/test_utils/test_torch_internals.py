@@ -201,6 +201,13 @@ def test_fill_history_buffer():
     assert buffer.mean() == 2.0 and buffer.current() == 3.0
 
 
+def test_set_only_value():
+    buffer = HistoryBuffer([0.5], [1])
+    internals.set_only_value(buffer, 0.25)
+    assert buffer.mean(10) == 0.25 and buffer.current() == 0.25
+    assert buffer.statistics('mean', 10) == 0.25
+
+
 def test_mmengine_checkpoint_and_config_helpers():
     assert isinstance(internals.mmengine_home(), str)
     converted = internals.process_mmcls_checkpoint(

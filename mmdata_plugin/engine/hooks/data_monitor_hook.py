@@ -10,7 +10,7 @@ import torch.distributed as torch_dist
 from mmengine.config import Config
 from mmengine.dist import all_gather_object, get_rank, get_world_size
 from mmengine.hooks import Hook, LoggerHook
-from mmengine.logging import print_log
+from mmengine.logging import HistoryBuffer, print_log
 from mmengine.model import is_model_wrapper
 from mmengine.registry import HOOKS
 from torch.utils.data import DataLoader
@@ -24,6 +24,7 @@ from mmdata_plugin.data_monitor.head_cache import (add_head_cache,
 from mmdata_plugin.data_monitor.remote_cache import add_remote_cache
 from mmdata_plugin.data_monitor.report_writer import ReportWriter
 from mmdata_plugin.data_monitor.worker_timing import MonitoredBatch
+from mmdata_plugin.utils.torch_internals import set_only_value
 
 #: Environment variable read by :func:`apply_data_monitor_env`.
 MONITOR_ENV = 'MMDATA_MONITOR'
@@ -141,6 +142,8 @@ class DataMonitorHook(Hook):
         self.plot = plot
         self.monitor: Optional[DataLoaderMonitor] = None
         self._logger: Optional[LoggerHook] = None
+        # The message hub's buffers of LOG_SCALARS, one value each, reused.
+        self._log_buffers: dict = {}
         self._loader_length: Optional[int] = None
         # _logger_logs's bounds: batch indices in between need no check.
         self._checked_index = -1
@@ -178,8 +181,8 @@ class DataMonitorHook(Hook):
             return
         self._logger = next(
             (h for h in runner.hooks if isinstance(h, LoggerHook)), None)
-        # A resumed message hub holds the last run's dm_* values.
         self._forget_log_scalars(runner)
+        self._log_buffers = {}
         self.monitor = DataLoaderMonitor(loader, **self.monitor_args)
         self.monitor.install(loop=loop)
         if self._logger is not None:
@@ -306,32 +309,51 @@ class DataMonitorHook(Hook):
 
     def _publish_interval(self, runner) -> None:
         """Put the interval's means into the message hub for LoggerHook,
-        which logs after this hook (one update per log line:
-        HistoryBuffer.update copies its array); none when no step of the
-        interval was counted."""
-        self._forget_log_scalars(runner)
+        which logs after this hook; none when no step of the interval was
+        counted (and no worker time without a worker's batch)."""
         interval = self.monitor.take_interval()
-        if not interval['steps']:
+        steps, wait = interval['steps'], interval['wait']
+        span = wait + interval['compute']
+        batches = interval['batches']
+        values = (None, ) * 3 if not steps else (
+            wait / steps, interval['worker'] / batches if batches else None,
+            wait / span if span else 0.0)
+        scalars = runner.message_hub.log_scalars
+        for key, value in zip(LOG_SCALARS, values):
+            self._put_log_scalar(scalars, key, value)
+
+    def _put_log_scalar(self, scalars: dict, key: str,
+                        value: Optional[float]) -> None:
+        """Make ``value`` the only value of ``key`` in the message hub's
+        scalars (None: no value).
+
+        The log line shows a mean over the last values of a key: one
+        value, the interval's. ``MessageHub.update_scalar`` would append
+        to the buffer, so each line had a new buffer, at 50-100 us a line
+        on the training thread (two numpy arrays made, the old ones freed,
+        all with cold caches); the hook keeps one buffer per key and
+        writes its value in place. Put in the scalars directly, the keys
+        are not marked resumed: checkpoints do not carry them.
+        """
+        if value is None:
+            scalars.pop(key, None)
             return
-        hub = runner.message_hub
-        hub.update_scalar('train/dm_wait_time',
-                          interval['wait'] / interval['steps'])
-        if interval['batches']:
-            hub.update_scalar('train/dm_worker_time',
-                              interval['worker'] / interval['batches'])
-        span = interval['wait'] + interval['compute']
-        hub.update_scalar('train/dm_input_bound',
-                          interval['wait'] / span if span else 0.0)
+        buffer = self._log_buffers.get(key)
+        if buffer is None:
+            buffer = self._log_buffers[key] = HistoryBuffer([value], [1])
+        else:
+            set_only_value(buffer, value)
+        if scalars.get(key) is not buffer:
+            scalars[key] = buffer
 
     @staticmethod
     def _forget_log_scalars(runner) -> None:
-        """Forget the dm_* values of the last logging interval.
+        """Forget the dm_* values a message hub holds from before (a
+        checkpoint of an older version, which resumed them).
 
         The log line shows what the message hub holds (the last value, or a
-        mean over a window of them): without this, an interval in which no
-        step was counted (warm-up after a resume, an epoch spent settling)
-        would repeat older figures as if measured, and a counted one would
-        show a mean over several intervals.
+        mean over a window of them): an interval in which no step was
+        counted (warm-up after a resume) would repeat them as if measured.
         """
         scalars = runner.message_hub.log_scalars
         for key in LOG_SCALARS:
