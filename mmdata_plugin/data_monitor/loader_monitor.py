@@ -22,6 +22,7 @@ import time
 from collections import deque
 from typing import Callable, List, Optional, Tuple
 
+import numpy as np
 from mmengine.logging import print_log
 from torch.utils.data import DataLoader
 
@@ -31,17 +32,25 @@ from ..utils.dataloader_slots import (dataloader_class_with_iter,
 from ..utils.started_iterators import (restart_started_iterator,
                                        shutdown_persistent_iterator)
 from .instrument import LoaderInstrumentation
-from .statistics import StatsBook, StepColumns, is_timed
+from .statistics import StatsBook, StepColumns
+from .step_log import (COMPUTE, END, INDEX, RECEIVED, REQUESTED, START,
+                       WAIT, StepLog, is_timed)
 from .verdict import build_report
 from .worker_timing import MonitoredBatch
 
 _perf_counter = time.perf_counter
-#: Counted steps kept as plain tuples before they are added to the books.
-#: Adding them one at a time, between two batches' pipeline work that has
-#: pushed the books out of the CPU caches, costs several times what a run
-#: of them costs. Longer runs cost no less per step in total and make the
-#: refresh that books one longer (256: its longest call 1.2-1.7 ms).
+#: Counted steps kept as rows (:class:`StepLog`) before they are added to
+#: the books on the counting thread. Adding them one at a time, between two
+#: batches' pipeline work that has pushed the books out of the CPU caches,
+#: costs several times what a run of them costs. Longer runs make the
+#: call that books one longer.
 BOOK_EVERY = 64
+#: Steps per run booked on another thread (:meth:`book_on`), which lets
+#: the GIL go between runs. A run costs a few dozen numpy calls whatever
+#: its length (cold, ~0.2 ms): 4-7 us a step in runs of 256-1024 against
+#: 8-10 in runs of 64, on this machine's demo; a run of 256 holds the GIL
+#: for about a millisecond.
+BOOK_RUN = 256
 #: Booked on another thread (:meth:`DataLoaderMonitor.book_on`), steps are
 #: handed over after about this many seconds of them, at most
 #: ``HAND_OVER_MOST``: each time that thread wakes it books with cold CPU
@@ -303,7 +312,9 @@ class DataLoaderMonitor:
         """Forget everything measured so far."""
         self._total = StatsBook()
         self._window = StatsBook(capacity=1024)
-        self._unbooked: List[tuple] = []
+        self._unbooked = StepLog()
+        # Its steps, counted here: its len() is a Python call per step.
+        self._unbooked_steps = 0
         # Where runs of counted steps are booked (see book_on).
         self._submit: Optional[Callable[..., None]] = None
         self._book_every = BOOK_EVERY
@@ -331,9 +342,10 @@ class DataLoaderMonitor:
         self._last_received: Optional[float] = None
         self._index = -1
         # Booked steps of the timeline point not complete yet.
-        self._point_steps: List[tuple] = []
-        # Counted steps since take_interval, kept once it is first called.
-        self._interval_steps: Optional[List[tuple]] = None
+        self._point_steps = StepLog()
+        # Sums over the steps counted since take_interval (steps, wait,
+        # compute, batches, worker time), kept once it is first called.
+        self._interval: Optional[list] = None
         # Every stage seen in a timeline point so far (an ordered set): a
         # point gives 0.0 for those its timed batches did not run.
         self._point_stages: dict = {}
@@ -403,13 +415,20 @@ class DataLoaderMonitor:
         if not counted:
             self.skipped += 1
             return
-        counted_step = (wait, compute, record, requested, received, trainer
-                        or None, self._index)
-        self._unbooked.append(counted_step)
-        if self._interval_steps is not None:
-            self._interval_steps.append(counted_step)
+        self._unbooked.append(wait, compute, record, requested, received,
+                              trainer, self._index)
+        interval = self._interval
+        if interval is not None:
+            interval[0] += 1
+            interval[1] += wait
+            if compute is not None:
+                interval[2] += compute
+            if record:
+                interval[3] += 1
+                interval[4] += record['end'] - record['start']
         self._counted += 1
-        if len(self._unbooked) >= self._book_every:
+        self._unbooked_steps += 1
+        if self._unbooked_steps >= self._book_every:
             self._book_unbooked()
 
     def _counts_off_the_steady_path(self, count: int, pending: tuple) -> bool:
@@ -455,18 +474,13 @@ class DataLoaderMonitor:
         time.
 
         For a consumer that reports per interval of steps (a log line),
-        instead of reading every step: a counted step costs one append.
+        instead of reading every step: a counted step adds to five sums,
+        and none is kept for the line.
         """
-        steps = self._interval_steps or []
-        self._interval_steps = []
-        records = [step[2] for step in steps if step[2]]
-        return dict(
-            steps=len(steps),
-            wait=sum(step[0] for step in steps),
-            compute=sum(step[1] for step in steps if step[1] is not None),
-            batches=len(records),
-            worker=sum(record['end'] - record['start']
-                       for record in records))
+        sums = self._interval or [0, 0.0, 0.0, 0, 0.0]
+        self._interval = [0, 0.0, 0.0, 0, 0.0]
+        return dict(zip(('steps', 'wait', 'compute', 'batches', 'worker'),
+                        sums))
 
     def book_on(self, submit: Optional[Callable[..., None]]) -> None:
         """Book the counted steps through ``submit(function, *args)``,
@@ -479,7 +493,7 @@ class DataLoaderMonitor:
         first, and needs no copy). None: book on the calling thread
         again, once that thread has run all it was handed.
         """
-        if submit is not None and self._unbooked:
+        if submit is not None and self._unbooked_steps:
             self._book_unbooked()  # the runs stay in order
         self._submit = submit
         self._book_every = min(BOOK_EVERY if submit is None else 1,
@@ -498,8 +512,9 @@ class DataLoaderMonitor:
     def _book_unbooked(self) -> None:
         """Book the steps counted since the last call, here or on the
         thread of :meth:`book_on`."""
-        steps, self._unbooked = self._unbooked, []
-        if not steps:
+        steps, self._unbooked = self._unbooked, StepLog()
+        self._unbooked_steps = 0
+        if not len(steps):
             return
         if self._submit is None:
             self._book(steps)
@@ -513,27 +528,32 @@ class DataLoaderMonitor:
             min(self._most_unbooked, HAND_OVER_MOST,
                 int(rate * HAND_OVER_SECONDS)))
 
-    def _book_in_runs(self, steps: List[tuple]) -> None:
-        """:meth:`_book` in runs of ``BOOK_EVERY``, letting the GIL go
+    def _book_in_runs(self, steps: StepLog) -> None:
+        """:meth:`_book` in runs of ``BOOK_RUN``, letting the GIL go
         between them: the training thread, which wants it back, waits for
-        one run (~0.1-0.5 ms), not for the whole hand-over."""
-        for first in range(0, len(steps), BOOK_EVERY):
-            self._book(steps[first:first + BOOK_EVERY])
+        one run (about a millisecond), not for the whole hand-over."""
+        while len(steps) > BOOK_RUN:
+            run, steps = steps.split(BOOK_RUN)
+            self._book(run)
             time.sleep(0)
+        self._book(steps)
 
-    def _book(self, steps: List[tuple]) -> None:
+    def _book(self, steps: StepLog) -> None:
         """Add a run of counted steps to the books and make the timeline
         points it completes."""
+        if not len(steps):
+            return
         columns = StepColumns(steps)
         for book in (self._total, self._window):
             book.add_columns(columns)
         self.booked_totals = self._total.sums()
         pending = self._point_steps
         pending.extend(steps)
-        every = self.timeline_every
-        while len(pending) >= every:
-            self._close_point(pending[:every])
-            del pending[:every]
+        points = len(pending) // self.timeline_every
+        if points:
+            whole, self._point_steps = pending.split(points *
+                                                     self.timeline_every)
+            self._close_points(whole)
 
     def _book_here(self) -> None:
         """Book what is counted, unless the books live on another
@@ -549,47 +569,66 @@ class DataLoaderMonitor:
         self._book_here()
         return self._timeline
 
-    def _close_point(self, steps: List[tuple]) -> None:
-        """The timeline point of ``steps`` (``timeline_every`` of them).
+    def _close_points(self, steps: StepLog) -> None:
+        """The timeline points of ``steps`` (``timeline_every`` of them per
+        point, whole points only).
 
         Made from those steps themselves, not from the books, which hold
         only sums over all steps.
         """
-        wait = compute = worker = transfer = 0.0
-        computes = batches = timed = 0
+        every = self.timeline_every
+        rows = steps.rows()
+        points = len(rows) // every
+        by_point = rows.reshape(points, every, -1)
+        compute = by_point[:, :, COMPUTE]
+        computes = np.maximum((~np.isnan(compute)).sum(axis=1), 1)
+        start, end = by_point[:, :, START], by_point[:, :, END]
+        with_record = ~np.isnan(start)
+        batches = np.maximum(with_record.sum(axis=1), 1)
+        # The batch was ready at max(requested, end), and arrived then.
+        transfer = by_point[:, :, RECEIVED] - np.maximum(
+            by_point[:, :, REQUESTED], end)
+        figures = zip(
+            (1e3 * by_point[:, :, WAIT].sum(axis=1) / every).tolist(),
+            (1e3 * np.nansum(compute, axis=1) / computes).tolist(),
+            (1e3 * np.where(with_record, end - start, 0.0).sum(axis=1) /
+             batches).tolist(),
+            (1e3 * np.where(with_record, transfer, 0.0).sum(axis=1) /
+             batches).tolist(), rows[every - 1::every, INDEX].tolist())
+        timed = [[] for _ in range(points)]
+        for row, record in steps.records:
+            if is_timed(record):
+                timed[row // every].append(record['stages'])
+        for (wait, compute_ms, worker, transfer_ms,
+             index), stages in zip(figures, timed):
+            self._add_point(
+                dict(
+                    step=int(index),
+                    steps=every,
+                    wait=wait,
+                    compute=compute_ms,
+                    worker=worker,
+                    transfer=transfer_ms,
+                    timed=len(stages),
+                    stages=self._point_stage_means(stages)))
+
+    def _point_stage_means(self, timed: List[dict]) -> dict:
+        """A point's stage means (ms) over its timed batches' stages: 0.0
+        for a stage seen in an earlier point that these did not run, none
+        without a timed batch."""
+        if not timed:
+            return {}
         stages = self._point_stages
         totals = dict.fromkeys(stages, 0.0)
-        for step_wait, step_compute, record, requested, received, _, _ in \
-                steps:
-            wait += step_wait
-            if step_compute is not None:
-                compute += step_compute
-                computes += 1
-            if record is None:
-                continue
-            end = record['end']
-            batches += 1
-            worker += end - record['start']
-            transfer += received - (requested if requested > end else end)
-            if is_timed(record):
-                timed += 1
-                for key, seconds in record['stages'].items():
-                    if key not in totals:
-                        stages[key] = None
-                        totals[key] = 0.0
-                    totals[key] += seconds
-        batches = max(batches, 1)
-        # Stages: over the point's timed batches (none: no stage figures).
-        point = dict(
-            step=steps[-1][-1],
-            steps=len(steps),
-            wait=1e3 * wait / len(steps),
-            compute=1e3 * compute / max(computes, 1),
-            worker=1e3 * worker / batches,
-            transfer=1e3 * transfer / batches,
-            timed=timed,
-            stages={key: 1e3 * total / timed
-                    for key, total in totals.items()} if timed else {})
+        for record_stages in timed:
+            for key, seconds in record_stages.items():
+                if key not in totals:
+                    stages[key] = None
+                    totals[key] = 0.0
+                totals[key] += seconds
+        return {key: 1e3 * total / len(timed) for key, total in totals.items()}
+
+    def _add_point(self, point: dict) -> None:
         self._timeline.append(point)
         if len(self._timeline) > self.max_timeline_points:
             self._timeline = _merge_pairs(self._timeline)
@@ -685,7 +724,8 @@ class DataLoaderMonitor:
             total = self.deferred_summary()
             taken = self.take_window(deferred=True) if window else None
             return lambda: (total(), taken() if taken else None)
-        steps, self._unbooked = self._unbooked, []
+        steps, self._unbooked = self._unbooked, StepLog()
+        self._unbooked_steps = 0
         whole = self._summariser(lambda: (self._total, list(self._timeline)))
         span = self._summariser(self._swap_window) if window else None
 

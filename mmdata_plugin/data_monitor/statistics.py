@@ -14,12 +14,13 @@ import copy
 import math
 from array import array
 from collections import defaultdict
-from operator import itemgetter, mul, sub
 from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
 from .probes import DECODE, IO
+from .step_log import (COMPUTE, CPU, END, PID, RECEIVED, REQUESTED, SAMPLES,
+                       START, WAIT, WORKER, StepLog, is_timed)
 from .worker_timing import COLLATE, FETCH
 
 #: Stages of a worker's batch production that are not pipeline transforms,
@@ -169,21 +170,18 @@ class Series:
     """One figure over a run of steps, with the sums a :class:`SampleBuffer`
     keeps: reduced once for all the books the run goes to.
 
-    Plain Python floats, not numpy: a run holds at most a few dozen steps
-    (a booking every 64 steps or timeline point), where each numpy call's
-    fixed cost outweighs its loop.
-
     Args:
-        values (list | tuple): The figure per step, in step order.
+        values (np.ndarray): The figure per step, in step order.
     """
 
     __slots__ = ('values', 'total', 'squares', 'peak')
 
-    def __init__(self, values: Sequence[float]) -> None:
-        self.values = values
-        self.total = sum(values)
-        self.squares = sum(map(mul, values, values))
-        self.peak = max(values) if values else 0.0
+    def __init__(self, values: np.ndarray) -> None:
+        # An array('d'), which a SampleBuffer slices and extends by.
+        self.values = array('d', values.tobytes())
+        self.total = float(values.sum())
+        self.squares = float(values @ values)
+        self.peak = float(values.max()) if len(values) else 0.0
 
 
 class WorkerRun:
@@ -234,89 +232,80 @@ def _made_where(records: List[dict]) -> tuple:
              for record in records}, sum(record['bytes'] for record in records))
 
 
-def is_timed(record: dict) -> bool:
-    # Records of older versions have no 'timed': every batch was.
-    return record.get('timed', True)
-
-
-#: The record fields that every batch has, in the order StepColumns reads
-#: them (one C-level pass over the records instead of one per field).
-_RECORD_TOTALS = itemgetter('start', 'end', 'cpu', 'samples', 'worker', 'pid')
-
-
 class StepColumns:
     """A run of counted steps as columns, to add them to books in bulk.
 
     Adding steps one at a time costs a dozen method calls each; a run of
-    them costs a few reductions per figure, shared by every book. The
-    steps and their records are transposed with ``zip`` and ``itemgetter``
-    and the columns computed with ``map`` (C loops over Python floats): a
-    run is booked between two batches of the training loop, so its cost is
-    the monitor's.
+    them costs a few numpy reductions per figure over the rows of its
+    :class:`StepLog`, shared by every book.
 
     Args:
-        steps (list[tuple]): Per step ``(wait, compute, record, t_request,
-            t_received, trainer, index)``: the arguments of
-            :meth:`StatsBook.add` and the step's number (not booked).
+        log (StepLog): The run's steps.
     """
 
-    def __init__(self, steps: List[tuple]) -> None:
-        waits, computes, records, requested, received, trainers, _ = zip(
-            *steps)
-        self.wait = Series(waits)
-        self.compute = Series([c for c in computes if c is not None])
-        self.trainer = [stages for stages in trainers if stages]
-        if None in records:  # steps without a worker record
-            kept = [i for i, rec in enumerate(records) if rec is not None]
-            records = [records[i] for i in kept]
-            requested = [requested[i] for i in kept]
-            received = [received[i] for i in kept]
-        start, end, cpu, samples, ids, pids = zip(
-            *map(_RECORD_TOTALS, records)) if records else ((), ) * 6
-        worker_time = list(map(sub, end, start))
+    def __init__(self, log: StepLog) -> None:
+        rows = log.rows()
+        compute = rows[:, COMPUTE]
+        self.wait = Series(rows[:, WAIT])
+        self.compute = Series(compute[~np.isnan(compute)])
+        self.trainer = log.trainer
+        # Steps without a worker record have no worker figures.
+        with_record = ~np.isnan(rows[:, START])
+        rows = rows[with_record]
+        end = rows[:, END]
+        worker_time = end - rows[:, START]
         # The batch was ready at max(requested, end), and arrived then.
-        transfer = list(map(sub, received, map(max, requested, end)))
-        slack = list(map(sub, requested, end))
+        transfer = rows[:, RECEIVED] - np.maximum(rows[:, REQUESTED], end)
+        slack = rows[:, REQUESTED] - end
+        cpu = rows[:, CPU]
         self.worker = Series(worker_time)
         self.transfer = Series(transfer)
         self.slack = Series(slack)
-        self.samples = sum(samples)
-        self.cpu = sum(cpu)
-        self.timed = [record for record in records if is_timed(record)]
-        figures = (records, pids, worker_time, transfer, slack, cpu)
-        self.workers = self._by(ids, *figures)
-        # Per node: the batches of Ray data actors (None: a local
-        # worker's, beside them with RayDataNodesHook(local_workers=True)).
-        self.nodes = self._by([record.get('node') for record in records],
-                              *figures)
+        self.samples = int(rows[:, SAMPLES].sum())
+        self.cpu = float(cpu.sum())
+        self.timed = [
+            record for _, record in log.records if is_timed(record)
+        ]
+        figures = (rows[:, PID], worker_time, transfer, slack, cpu)
+        self.workers = self._by('worker', rows[:, WORKER].tolist(), figures)
+        # Per node: the batches of Ray data actors (kept, with their rows);
+        # a local worker's beside them (RayDataNodesHook(local_workers=
+        # True)) is on no node.
+        made = [(row, record) for row, record in log.records
+                if 'node' in record]
+        self.nodes = {}
+        if made:
+            # Their places among the rows with a record.
+            places = np.cumsum(with_record)[[row for row, _ in made]] - 1
+            self.nodes = self._by(
+                'node', [record['node'] for _, record in made],
+                tuple(figure[places] for figure in figures),
+                [record for _, record in made])
 
-    def _by(self, groups: Sequence, records: List[dict], pids: tuple,
-            worker_time: list, transfer: list, slack: list,
-            cpu: tuple) -> Dict[Any, WorkerRun]:
-        """The records' figures grouped by ``groups`` (a key per record:
-        its worker, or its data node; None: in no group)."""
-        if not groups or groups.count(None) == len(groups):
-            return {}
-        if groups.count(groups[0]) == len(groups):  # one group: no split
-            return {
-                groups[0]:
-                WorkerRun(set(pids), self.timed, self.worker,
-                          self.transfer.total, self.slack.total, self.cpu,
-                          *_made_where(records))
-            }
-        positions: Dict[Any, List[int]] = {}
-        for position, group in enumerate(groups):
-            if group is not None:
-                positions.setdefault(group, []).append(position)
+    def _by(self,
+            key: str,
+            groups: list,
+            figures: tuple,
+            records: Optional[List[dict]] = None) -> Dict[Any, WorkerRun]:
+        """The figures (pids, worker time, transfer, slack, CPU per batch)
+        grouped by ``groups`` (the ``key`` of each batch's record: its
+        worker, or its Ray node); ``records``: the batches' records, for
+        where Ray data actors made them."""
+        pids, worker_time, transfer, slack, cpu = figures
+        groups_array = np.asarray(groups)
         runs = {}
-        for group, mine in positions.items():
-            mine_records = [records[i] for i in mine]
-            runs[group] = WorkerRun(
-                {pids[i]
-                 for i in mine}, [r for r in mine_records if is_timed(r)],
-                Series([worker_time[i] for i in mine]),
-                sum(transfer[i] for i in mine), sum(slack[i] for i in mine),
-                sum(cpu[i] for i in mine), *_made_where(mine_records))
+        for group in dict.fromkeys(groups):
+            mine = groups_array == group
+            mine_records = [] if records is None else [
+                record for record, is_mine in zip(records, mine) if is_mine
+            ]
+            name = int(group) if key == 'worker' else group
+            runs[name] = WorkerRun(
+                set(pids[mine].astype(np.int64).tolist()),
+                [record for record in self.timed
+                 if record.get(key) == name], Series(worker_time[mine]),
+                float(transfer[mine].sum()), float(slack[mine].sum()),
+                float(cpu[mine].sum()), *_made_where(mine_records))
         return runs
 
 
@@ -444,16 +433,15 @@ class StatsBook:
             trainer (dict, optional): The training process's data work
                 for this step (seconds by stage).
         """
-        self.add_columns(
-            StepColumns([(wait, compute, record, t_request, t_received,
-                          trainer, None)]))
+        log = StepLog()
+        log.append(wait, compute, record, t_request, t_received, trainer)
+        self.add_columns(StepColumns(log))
 
     def add_columns(self, columns: StepColumns) -> None:
         """Add a run of counted steps (see :meth:`add`)."""
         self.wait.extend(columns.wait)
-        for stages in columns.trainer:
-            for key, seconds in stages.items():
-                self.trainer[key] += seconds
+        for key, seconds in columns.trainer.items():
+            self.trainer[key] += seconds
         self.compute.extend(columns.compute)
         self.worker.extend(columns.worker)
         self.transfer.extend(columns.transfer)

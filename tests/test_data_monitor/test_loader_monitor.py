@@ -146,6 +146,38 @@ def test_books_kept_on_another_thread_count_what_inline_books_count(
     assert monitors[1].booked_totals[0] == 389
 
 
+def test_steps_held_for_booking_leave_the_garbage_collector_nothing():
+    # Booked on another thread, steps wait up to ~10 s: kept as objects
+    # the collector tracks (a tuple and its record per step), they made it
+    # collect every few hundred steps, each walk with cold caches. A step
+    # is a row of numbers; only a timed batch's record is kept.
+    loader = _loader(
+        SleepyDataset(num=4200, pipeline=sleepy_pipeline((0, ))),
+        collate_fn=SleepyCollate(0))
+    monitor = DataLoaderMonitor(
+        loader, warmup_iters=0, settle_iters=0, manual_steps=True,
+        sample_every=256).install()
+    handed = []
+    monitor.book_on(lambda job, *args: handed.append(args))
+    iterator = iter(loader)
+    for step in range(50):
+        next(iterator)
+        monitor.step(step)
+    gc.collect()
+    gc.disable()
+    try:
+        before = gc.get_count()[0]
+        for step in range(50, 2050):
+            next(iterator)
+            monitor.step(step)
+        growth = gc.get_count()[0] - before
+    finally:
+        gc.enable()
+        monitor.uninstall()
+    assert monitor.counted_steps >= 2000 and handed
+    assert growth < 400  # a step's tuple and record before: 4,000
+
+
 def test_a_long_timeline_is_halved_by_weighted_means():
     # Figures weigh by steps, stage means by timed batches (a point of an
     # older report has no count: all its steps were timed); an odd point

@@ -5,6 +5,7 @@ import pytest
 from mmdata_plugin.data_monitor.statistics import (SampleBuffer, Series,
                                                    StatsBook, StepColumns,
                                                    percentiles)
+from mmdata_plugin.data_monitor.step_log import StepLog
 
 
 @pytest.mark.parametrize('seen', [0, 1, 5, 37])
@@ -19,7 +20,7 @@ def test_a_series_is_thinned_as_its_values_one_by_one(seen, run):
     for value in values[seen:]:
         single.add(float(value))
     for first in range(seen, len(values), run):
-        bulk.extend(Series(values[first:first + run].tolist()))
+        bulk.extend(Series(values[first:first + run]))
     assert bulk.values == single.values
     assert (bulk.stride, bulk.seen) == (single.stride, single.seen)
     assert bulk.peak == single.peak
@@ -75,6 +76,13 @@ def _steps(count, workers):
     return steps
 
 
+def _log(steps):
+    log = StepLog()
+    for step in steps:
+        log.append(*step)
+    return log
+
+
 def _close(a, b):
     if isinstance(a, dict):
         assert a.keys() == b.keys()
@@ -97,7 +105,7 @@ def test_a_run_of_steps_adds_up_as_its_steps_one_by_one(workers):
     for step in steps:
         single.add(*step[:6])  # (the step's number is not booked)
     for first in range(0, len(steps), 64):
-        bulk.add_columns(StepColumns(steps[first:first + 64]))
+        bulk.add_columns(StepColumns(_log(steps[first:first + 64])))
     _close(bulk.summary(), single.summary())
     assert set(bulk.workers) == set(single.workers)
 
@@ -105,7 +113,7 @@ def test_a_run_of_steps_adds_up_as_its_steps_one_by_one(workers):
 def test_a_run_of_steps_gives_each_workers_figures():
     steps = _steps(120, 3)
     book = StatsBook()
-    book.add_columns(StepColumns(steps))
+    book.add_columns(StepColumns(_log(steps)))
     summary = book.summary()
     for stats in summary['workers']:
         mine = [(rec, req, rcv) for _, _, rec, req, rcv, _, _ in steps

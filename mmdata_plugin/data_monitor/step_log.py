@@ -1,0 +1,103 @@
+"""Counted steps kept until they are booked, without an object per step."""
+from typing import Optional, Tuple
+
+import numpy as np
+
+#: A row's fields, in order. ``compute`` is NaN where not known (the first
+#: step after a start), ``start`` is NaN for a step without a worker
+#: record; integers (``samples``, ``worker``, ``pid``, ``index``) are
+#: exact as floats.
+FIELDS = ('wait', 'compute', 'requested', 'received', 'start', 'end', 'cpu',
+          'samples', 'worker', 'pid', 'index')
+WIDTH = len(FIELDS)
+(WAIT, COMPUTE, REQUESTED, RECEIVED, START, END, CPU, SAMPLES, WORKER, PID,
+ INDEX) = range(WIDTH)
+NAN = float('nan')
+
+
+def is_timed(record: dict) -> bool:
+    # Records of older versions have no 'timed': every batch was.
+    return record.get('timed', True)
+
+
+class StepLog:
+    """Counted steps as rows of numbers in one flat list, their records'
+    totals included; a record is kept only where it holds more (a timed
+    batch's stages, a Ray data actor's node), and the training process's
+    stage times only as sums.
+
+    A step kept as a tuple with its record (a dict) was two objects the
+    garbage collector tracks, held until booked (up to ~10 s of steps with
+    the books on another thread): the young generation filled every ~350
+    steps, and each collection walked them with cold caches (1-4 ms a
+    collection on a virtual machine, more when they reached the older
+    generations), at the cost of whatever code allocated next. A row adds
+    no such object: its numbers are the step's and its record's own
+    (references, not copies: cheaper than converting each into an
+    ``array('d')``), and the record goes with its batch.
+    """
+
+    __slots__ = ('values', 'records', 'trainer')
+
+    def __init__(self) -> None:
+        self.values: list = []
+        #: ``(row, record)`` of the records kept.
+        self.records: list = []
+        #: Seconds by stage of the training process's data work.
+        self.trainer: dict = {}
+
+    def __len__(self) -> int:
+        return len(self.values) // WIDTH
+
+    def append(self,
+               wait: float,
+               compute: Optional[float],
+               record: Optional[dict],
+               requested: float,
+               received: float,
+               trainer: Optional[dict] = None,
+               index: int = -1) -> None:
+        """Add a step (the arguments of ``StatsBook.add`` and its number)."""
+        if compute is None:
+            compute = NAN
+        if record is None:
+            self.values += (wait, compute, requested, received, NAN, NAN,
+                            NAN, NAN, NAN, NAN, index)
+        else:
+            if record.get('timed', True) or 'node' in record:
+                self.records.append((len(self.values) // WIDTH, record))
+            self.values += (wait, compute, requested, received,
+                            record['start'], record['end'], record['cpu'],
+                            record['samples'], record['worker'],
+                            record['pid'], index)
+        if trainer:
+            sums = self.trainer
+            for key, seconds in trainer.items():
+                sums[key] = sums.get(key, 0.0) + seconds
+
+    def rows(self) -> np.ndarray:
+        """The rows as a ``(steps, WIDTH)`` array."""
+        return np.array(self.values, dtype=np.float64).reshape(-1, WIDTH)
+
+    def split(self, steps: int) -> Tuple['StepLog', 'StepLog']:
+        """The first ``steps`` steps and the rest (the training process's
+        sums go with the first)."""
+        head, tail = StepLog(), StepLog()
+        head.values = self.values[:steps * WIDTH]
+        tail.values = self.values[steps * WIDTH:]
+        for row, record in self.records:
+            if row < steps:
+                head.records.append((row, record))
+            else:
+                tail.records.append((row - steps, record))
+        head.trainer = self.trainer
+        return head, tail
+
+    def extend(self, other: 'StepLog') -> None:
+        """Add ``other``'s steps after these."""
+        first = len(self)
+        self.values += other.values
+        self.records.extend(
+            (first + row, record) for row, record in other.records)
+        for key, seconds in other.trainer.items():
+            self.trainer[key] = self.trainer.get(key, 0.0) + seconds
