@@ -9,7 +9,7 @@ import time
 
 from helpers import REPO_ROOT
 
-from mmdata_plugin.data_monitor import load_report, save_report
+from mmdata_plugin.data_monitor import load_report
 from mmdata_plugin.data_monitor.report import encode_report
 from mmdata_plugin.data_monitor.report_writer import ReportWriter
 from mmdata_plugin.data_monitor.verdict import SCHEMA
