@@ -3,6 +3,7 @@
 # process and the hook's whole cost at steady state (report refreshes
 # included), on a cheap pipeline and on a config's (the demo's by default).
 import argparse
+import gc
 import logging
 import os
 import os.path as osp
@@ -571,7 +572,8 @@ def steady_state(build: Callable[[int], DataLoader], hook_args: dict,
     thread: no DataLoader workers) holds the whole cost, amortised over
     the run as over the chunks: (monitored - plain) summed over the
     rounds, per sample. Also the longest single ``after_train_iter`` call
-    (wall time) after the ramp, and the longest that refreshed.
+    (wall time) after the ramp, the longest that refreshed, and the
+    garbage collections in the plain and the monitored chunks.
     """
     loaders = {m: build(0) for m in MODES}
     hook = DataMonitorHook(**dict(hook_args, plot=False))
@@ -625,6 +627,7 @@ def steady_state(build: Callable[[int], DataLoader], hook_args: dict,
     iterators = dict(
         plain=iter(loaders['plain']),
         monitored=hooked(iter(loaders['monitored'])))
+    collections = GarbageCollections()
     try:
         take(iterators['plain'], args.warmup)
         every = settle_sampling(iterators['monitored'], args.steady_warmup)
@@ -641,9 +644,11 @@ def steady_state(build: Callable[[int], DataLoader], hook_args: dict,
             spent = {m: 0.0 for m in MODES}
             for mode in ROUND:
                 start, clock = time.process_time(), time.perf_counter()
+                collections.mode = mode
                 samples[mode] += take(iterators[mode], args.steady_batches)
                 if mode == 'monitored':
                     hook._writer.flush()
+                collections.mode = None
                 spent[mode] += time.process_time() - start
                 wall[mode] += time.perf_counter() - clock
             for mode in MODES:
@@ -651,6 +656,7 @@ def steady_state(build: Callable[[int], DataLoader], hook_args: dict,
         refreshes = hook._submitted - refreshes
         writer_cpu = time.clock_gettime(writer_clock) - writer_cpu
     finally:
+        collections.close()
         hook.after_train(runner)
         logger.removeHandler(handler)
         handler.close()
@@ -673,7 +679,36 @@ def steady_state(build: Callable[[int], DataLoader], hook_args: dict,
                        wall['plain'] / samples['plain']),
         longest_ms=1e3 * longest['call'],
         refresh_ms=1e3 * longest['refresh'],
-        refresh_cpu_ms=1e3 * longest['refresh_cpu'])
+        refresh_cpu_ms=1e3 * longest['refresh_cpu'],
+        collections=collections.summary())
+
+
+class GarbageCollections:
+    """Python's garbage collections (count, milliseconds) while ``mode``
+    is set, by mode: what is held between steps shows there, in whatever
+    code allocated next (the pipeline's, mostly), not in the hook's calls.
+    """
+
+    def __init__(self) -> None:
+        self.mode: Optional[str] = None
+        self.seen = {m: [0, 0.0] for m in MODES}
+        self._started = 0.0
+        gc.callbacks.append(self._on_collection)
+
+    def _on_collection(self, phase: str, info: dict) -> None:
+        if phase == 'start':
+            self._started = time.perf_counter()
+        elif self.mode is not None:
+            seen = self.seen[self.mode]
+            seen[0] += 1
+            seen[1] += 1e3 * (time.perf_counter() - self._started)
+
+    def close(self) -> None:
+        gc.callbacks.remove(self._on_collection)
+
+    def summary(self) -> str:
+        return ', '.join(f'{mode} {count} ({ms:.1f} ms)'
+                         for mode, (count, ms) in self.seen.items())
 
 
 def measure(name: str, build: Callable[[int], DataLoader], hook_args: dict,
@@ -751,7 +786,8 @@ def measure(name: str, build: Callable[[int], DataLoader], hook_args: dict,
               f"{steady['spread']} us), wall {steady['wall_us']:+.2f} us; "
               f"longest after_train_iter {steady['longest_ms']:.3f} ms, "
               f"longest refreshing one {steady['refresh_ms']:.3f} ms "
-              f"({steady['refresh_cpu_ms']:.3f} ms of its thread's CPU)")
+              f"({steady['refresh_cpu_ms']:.3f} ms of its thread's CPU); "
+              f"garbage collections: {steady['collections']}")
         print(f"  steady state accounted: the hook's calls "
               f"{steady['hook_us']:.2f} us (the clock's own "
               f"{steady['clock_us']:.2f} us subtracted) + its writer thread "
