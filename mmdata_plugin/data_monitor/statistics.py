@@ -267,45 +267,41 @@ class StepColumns:
             record for _, record in log.records if is_timed(record)
         ]
         figures = (rows[:, PID], worker_time, transfer, slack, cpu)
-        self.workers = self._by('worker', rows[:, WORKER].tolist(), figures)
-        # Per node: the batches of Ray data actors (kept, with their rows);
-        # a local worker's beside them (RayDataNodesHook(local_workers=
-        # True)) is on no node.
+        # The batches of Ray data actors (their records are kept), with
+        # their places among the rows that have a record.
         made = [(row, record) for row, record in log.records
                 if 'node' in record]
+        made_records = [record for _, record in made]
+        self.workers = self._by('worker', rows[:, WORKER].tolist(), figures,
+                                made_records)
+        # Per node: the actors' batches (a local worker's beside them, with
+        # RayDataNodesHook(local_workers=True), is on no node).
         self.nodes = {}
         if made:
-            # Their places among the rows with a record.
             places = np.cumsum(with_record)[[row for row, _ in made]] - 1
             self.nodes = self._by(
-                'node', [record['node'] for _, record in made],
-                tuple(figure[places] for figure in figures),
-                [record for _, record in made])
+                'node', [record['node'] for record in made_records],
+                tuple(figure[places] for figure in figures), made_records)
 
-    def _by(self,
-            key: str,
-            groups: list,
-            figures: tuple,
-            records: Optional[List[dict]] = None) -> Dict[Any, WorkerRun]:
+    def _by(self, key: str, groups: list, figures: tuple,
+            made: List[dict]) -> Dict[Any, WorkerRun]:
         """The figures (pids, worker time, transfer, slack, CPU per batch)
         grouped by ``groups`` (the ``key`` of each batch's record: its
-        worker, or its Ray node); ``records``: the batches' records, for
-        where Ray data actors made them."""
+        worker, or its Ray node); ``made``: the Ray data actors' records,
+        for where they made their batches."""
         pids, worker_time, transfer, slack, cpu = figures
         groups_array = np.asarray(groups)
         runs = {}
         for group in dict.fromkeys(groups):
             mine = groups_array == group
-            mine_records = [] if records is None else [
-                record for record, is_mine in zip(records, mine) if is_mine
-            ]
             name = int(group) if key == 'worker' else group
             runs[name] = WorkerRun(
                 set(pids[mine].astype(np.int64).tolist()),
                 [record for record in self.timed
                  if record.get(key) == name], Series(worker_time[mine]),
                 float(transfer[mine].sum()), float(slack[mine].sum()),
-                float(cpu[mine].sum()), *_made_where(mine_records))
+                float(cpu[mine].sum()),
+                *_made_where([r for r in made if r[key] == name]))
         return runs
 
 

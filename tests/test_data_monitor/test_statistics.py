@@ -132,3 +132,32 @@ def test_a_run_of_steps_gives_each_workers_figures():
     assert summary['trainer'] == pytest.approx(dict(receive=1e-2 * 40 / 120))
     assert summary['compute']['count'] == 119
     assert summary['samples_per_batch'] == 4
+
+
+def test_ray_actors_batches_keep_where_they_were_made():
+    # A Ray data actor's record is kept whole (untimed, but with its node):
+    # its worker's and its node's figures say where and how many bytes.
+    steps, clock = [], 0.0
+    for index in range(30):
+        worker = index % 3  # 0 and 1: actors; 2: a local worker
+        record = dict(pid=100 + worker, worker=worker, samples=2,
+                      start=clock, end=clock + 0.01, cpu=0.005, timed=False)
+        if worker < 2:
+            record.update(node=f'node{worker}', ip='127.0.0.1',
+                          host=f'host{worker}', bytes=1000 * (worker + 1))
+        steps.append((0.001, 0.02, record, clock + 0.01, clock + 0.011, {},
+                      index))
+        clock += 0.02
+    log = _log(steps)
+    assert len(log.records) == 20
+    summary = StatsBook()
+    summary.add_columns(StepColumns(log))
+    summary = summary.summary()
+    workers = {w['worker']: w for w in summary['workers']}
+    for actor in (0, 1):
+        assert workers[actor]['hosts'] == [f'host{actor}']
+        assert workers[actor]['nodes'] == [f'node{actor}']
+        assert workers[actor]['bytes'] == 1000 * (actor + 1)
+    assert 'hosts' not in workers[2] and workers[2]['batches'] == 10
+    assert [(n['node'], n['batches'], n['host']) for n in summary['nodes']
+            ] == [('node0', 10, 'host0'), ('node1', 10, 'host1')]
