@@ -687,6 +687,8 @@ class GarbageCollections:
     """Python's garbage collections (count, milliseconds) while ``mode``
     is set, by mode: what is held between steps shows there, in whatever
     code allocated next (the pipeline's, mostly), not in the hook's calls.
+    A monitored chunk ends when the writer is done, so its collections on
+    the writer's thread count there too.
     """
 
     def __init__(self) -> None:

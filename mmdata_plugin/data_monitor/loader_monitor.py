@@ -486,7 +486,7 @@ class DataLoaderMonitor:
         """Book the counted steps through ``submit(function, *args)``,
         which runs what it is handed in order on one other thread
         (DataMonitorHook's report writer), from now on: the training
-        thread then only appends a tuple per step and hands them over in
+        thread then only appends a row per step and hands them over in
         runs, and the books, the timeline and the summaries belong to that
         thread (summarised there by the function of
         :meth:`deferred_summaries`, which books what was counted before it
@@ -532,11 +532,10 @@ class DataLoaderMonitor:
         """:meth:`_book` in runs of ``BOOK_RUN``, letting the GIL go
         between them: the training thread, which wants it back, waits for
         one run (about a millisecond), not for the whole hand-over."""
-        while len(steps) > BOOK_RUN:
-            run, steps = steps.split(BOOK_RUN)
-            self._book(run)
-            time.sleep(0)
-        self._book(steps)
+        for first in range(0, len(steps), BOOK_RUN):
+            if first:
+                time.sleep(0)
+            self._book(steps.part(first, first + BOOK_RUN))
 
     def _book(self, steps: StepLog) -> None:
         """Add a run of counted steps to the books and make the timeline
@@ -549,11 +548,10 @@ class DataLoaderMonitor:
         self.booked_totals = self._total.sums()
         pending = self._point_steps
         pending.extend(steps)
-        points = len(pending) // self.timeline_every
-        if points:
-            whole, self._point_steps = pending.split(points *
-                                                     self.timeline_every)
-            self._close_points(whole)
+        whole = len(pending) // self.timeline_every * self.timeline_every
+        if whole:
+            self._point_steps = pending.part(whole, len(pending))
+            self._close_points(pending.part(0, whole))
 
     def _book_here(self) -> None:
         """Book what is counted, unless the books live on another

@@ -268,7 +268,7 @@ class StepColumns:
         ]
         figures = (rows[:, PID], worker_time, transfer, slack, cpu)
         # The batches of Ray data actors (their records are kept), with
-        # their places among the rows that have a record.
+        # their positions among the rows that have a record.
         made = [(row, record) for row, record in log.records
                 if 'node' in record]
         made_records = [record for _, record in made]
@@ -278,10 +278,10 @@ class StepColumns:
         # RayDataNodesHook(local_workers=True), is on no node).
         self.nodes = {}
         if made:
-            places = np.cumsum(with_record)[[row for row, _ in made]] - 1
+            positions = np.cumsum(with_record)[[row for row, _ in made]] - 1
             self.nodes = self._by(
                 'node', [record['node'] for record in made_records],
-                tuple(figure[places] for figure in figures), made_records)
+                tuple(figure[positions] for figure in figures), made_records)
 
     def _by(self, key: str, groups: list, figures: tuple,
             made: List[dict]) -> Dict[Any, WorkerRun]:

@@ -1,5 +1,5 @@
 """Counted steps kept until they are booked, without an object per step."""
-from typing import Optional, Tuple
+from typing import Optional
 
 import numpy as np
 
@@ -34,7 +34,8 @@ class StepLog:
     generations), at the cost of whatever code allocated next. A row adds
     no such object: its numbers are the step's and its record's own
     (references, not copies: cheaper than converting each into an
-    ``array('d')``), and the record goes with its batch.
+    ``array('d')``), and the record goes with its batch. (A Ray data
+    actor's record is kept, for its node: one batch a step, large.)
     """
 
     __slots__ = ('values', 'records', 'trainer')
@@ -79,25 +80,24 @@ class StepLog:
         """The rows as a ``(steps, WIDTH)`` array."""
         return np.array(self.values, dtype=np.float64).reshape(-1, WIDTH)
 
-    def split(self, steps: int) -> Tuple['StepLog', 'StepLog']:
-        """The first ``steps`` steps and the rest (the training process's
-        sums go with the first)."""
-        head, tail = StepLog(), StepLog()
-        head.values = self.values[:steps * WIDTH]
-        tail.values = self.values[steps * WIDTH:]
-        for row, record in self.records:
-            if row < steps:
-                head.records.append((row, record))
-            else:
-                tail.records.append((row - steps, record))
-        head.trainer = self.trainer
-        return head, tail
+    def part(self, first: int, last: int) -> 'StepLog':
+        """Steps ``first`` to ``last`` (excluded), as a log of their own;
+        the training process's sums go with the part from the first step.
+        """
+        part = StepLog()
+        part.values = self.values[first * WIDTH:last * WIDTH]
+        part.records = [(row - first, record)
+                        for row, record in self.records
+                        if first <= row < last]
+        if first == 0:
+            part.trainer = dict(self.trainer)
+        return part
 
     def extend(self, other: 'StepLog') -> None:
-        """Add ``other``'s steps after these."""
+        """Add ``other``'s rows and kept records after these (not its
+        training process's sums: what keeps the steps of the timeline's
+        next point, which does not read them)."""
         first = len(self)
         self.values += other.values
         self.records.extend(
             (first + row, record) for row, record in other.records)
-        for key, seconds in other.trainer.items():
-            self.trainer[key] = self.trainer.get(key, 0.0) + seconds

@@ -80,7 +80,8 @@ def test_overhead_benchmark_prints_the_median_ratio(demo_root, train_env):
         r'refreshes: [-+\d.]+ us CPU per sample of [\d.]+ us \(IQR of the '
         r'rounds [-+\d.]+\.\.[-+\d.]+ us\), wall [-+\d.]+ us; longest '
         r'after_train_iter [\d.]+ ms, longest refreshing one [\d.]+ ms '
-        r"\([\d.]+ ms of its thread's CPU\)$",
+        r"\([\d.]+ ms of its thread's CPU\); garbage collections: plain "
+        r'\d+ \([\d.]+ ms\), monitored \d+ \([\d.]+ ms\)$',
         out, re.M)) == 2, out
     assert len(re.findall(
         r"^  steady state accounted: the hook's calls [-\d.]+ us \(the "

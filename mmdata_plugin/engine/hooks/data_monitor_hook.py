@@ -193,7 +193,7 @@ class DataMonitorHook(Hook):
         self._writer = ReportWriter(
             exit_timeout=10.0 if get_world_size() == 1 else 0.0)
         # The books (and the timeline's points) are kept on the writer's
-        # thread: a step only appends a tuple, and a refresh copies nothing.
+        # thread: a step only appends a row, and a refresh copies nothing.
         self.monitor.book_on(self._writer.submit)
         # The writer gathers all ranks' figures beside training, whose own
         # collectives (DDP's all-reduce) use the default group: two
