@@ -257,6 +257,40 @@ def test_log_lines_hold_only_what_the_interval_measured(tmp_path):
     assert measured == set(range(2, 13))
 
 
+def test_the_log_lines_values_are_the_intervals_and_come_last_in_order():
+    # The hook writes its buffers' single values in place: each line shows
+    # its interval's means only, no key of an interval without a figure,
+    # and the dm_* keys last in the same order (as new buffers were).
+    from types import SimpleNamespace
+
+    from mmengine.logging import MessageHub
+
+    from mmdata_plugin.engine.hooks.data_monitor_hook import LOG_SCALARS
+    hub = MessageHub.get_instance('test_log_line_values')
+    runner = SimpleNamespace(message_hub=hub)
+    hook = DataMonitorHook()
+    intervals = iter([
+        dict(steps=2, wait=0.2, compute=0.6, batches=2, worker=0.8),
+        dict(steps=2, wait=0.1, compute=0.3, batches=0, worker=0.0),
+        dict(steps=4, wait=0.4, compute=0.4, batches=4, worker=2.0),
+        dict(steps=0, wait=0.0, compute=0.0, batches=0, worker=0.0),
+    ])
+    hook.monitor = SimpleNamespace(take_interval=lambda: next(intervals))
+    expected = [(0.1, 0.4, 0.25), (0.05, None, 0.25), (0.1, 0.5, 0.5),
+                (None, None, None)]
+    for values in expected:
+        hub.update_scalar('train/loss', 1.0)  # the model's step, before
+        hook._publish_interval(runner)
+        scalars = hub.log_scalars
+        shown = [key for key, value in zip(LOG_SCALARS, values)
+                 if value is not None]
+        assert list(scalars) == ['train/loss'] + shown
+        for key, value in zip(LOG_SCALARS, values):
+            if value is not None:
+                assert scalars[key].mean(10) == pytest.approx(value)
+                assert scalars[key].current() == pytest.approx(value)
+
+
 def test_outputs_log_line_visualizer_tables_and_png(tmp_path):
     runner = train(
         tmp_path,

@@ -333,18 +333,18 @@ class DataMonitorHook(Hook):
         on the training thread (two numpy arrays made, the old ones freed,
         all with cold caches); the hook keeps one buffer per key and
         writes its value in place. Put in the scalars directly, the keys
-        are not marked resumed: checkpoints do not carry them.
+        are not marked resumed: checkpoints do not carry them. Put last
+        each time, as a new buffer was: the log line keeps its order.
         """
+        scalars.pop(key, None)
         if value is None:
-            scalars.pop(key, None)
             return
         buffer = self._log_buffers.get(key)
         if buffer is None:
             buffer = self._log_buffers[key] = HistoryBuffer([value], [1])
         else:
             set_only_value(buffer, value)
-        if scalars.get(key) is not buffer:
-            scalars[key] = buffer
+        scalars[key] = buffer
 
     @staticmethod
     def _forget_log_scalars(runner) -> None:
