@@ -61,10 +61,11 @@ class DataMonitorHook(Hook):
     per-worker table every ``table_interval`` iterations; at the end a
     summary with verdict and advice in the log, ``data_monitor.json`` and
     ``data_monitor.png`` in ``out_dir`` (the run's log dir by default).
-    The tables and the JSON file of ``table_interval`` are made on a
-    thread of their own: the training thread only copies the figures
-    (well under a millisecond), and waits only when two refreshes are
-    already pending. With fast steps they are spaced to about
+    The books, the tables and the JSON file of ``table_interval`` are
+    kept and made on a thread of their own: per step the training thread
+    appends a row of numbers, and a refresh hands the rows not handed
+    over yet to that thread (nothing is copied); it waits only when two
+    refreshes are already pending. With fast steps they are spaced to about
     ``table_min_seconds``: a refresh costs a few milliseconds, which
     every ``table_interval`` iterations of 10 ms steps would be several
     microseconds per sample for a table nobody reads every second. Files
