@@ -314,8 +314,11 @@ class ProcessDownloads:
         for digest in digests:
             if digest in self._sent and digest not in self._cancelled:
                 self._cancelled.add(digest)
-                os.close(os.open(os.path.join(self.cancelled_dir, digest),
+                os.close(os.open(self._cancel_mark(digest),
                                  os.O_CREAT | os.O_WRONLY, 0o644))
+
+    def _cancel_mark(self, digest: str) -> str:
+        return os.path.join(self.cancelled_dir, digest)
 
     def _answered(self, job: _Job) -> None:
         for url in job.urls:
@@ -324,7 +327,7 @@ class ProcessDownloads:
                 del self._sent[digest]
                 if digest in self._cancelled:
                     self._cancelled.discard(digest)
-                    os.unlink(os.path.join(self.cancelled_dir, digest))
+                    os.unlink(self._cancel_mark(digest))
 
     def close(self) -> None:
         """Stop the download processes (running downloads finish, within
