@@ -33,8 +33,8 @@ from ..utils.started_iterators import (restart_started_iterator,
                                        shutdown_persistent_iterator)
 from .instrument import LoaderInstrumentation
 from .statistics import StatsBook, StepColumns
-from .step_log import (COMPUTE, END, INDEX, RECEIVED, REQUESTED, START,
-                       WAIT, StepLog, is_timed)
+from .step_log import (COMPUTE, INDEX, START, WAIT, StepLog, is_timed,
+                       transfer_times, worker_times)
 from .verdict import build_report
 from .worker_timing import MonitoredBatch
 
@@ -512,8 +512,7 @@ class DataLoaderMonitor:
     def _book_unbooked(self) -> None:
         """Book the steps counted since the last call, here or on the
         thread of :meth:`book_on`."""
-        steps, self._unbooked = self._unbooked, StepLog()
-        self._unbooked_steps = 0
+        steps = self._take_unbooked()
         if not len(steps):
             return
         if self._submit is None:
@@ -527,6 +526,12 @@ class DataLoaderMonitor:
             1,
             min(self._most_unbooked, HAND_OVER_MOST,
                 int(rate * HAND_OVER_SECONDS)))
+
+    def _take_unbooked(self) -> StepLog:
+        """The steps counted since the last hand-over; starts the next."""
+        steps, self._unbooked = self._unbooked, StepLog()
+        self._unbooked_steps = 0
+        return steps
 
     def _book_in_runs(self, steps: StepLog) -> None:
         """:meth:`_book` in runs of ``BOOK_RUN``, letting the GIL go
@@ -580,19 +585,16 @@ class DataLoaderMonitor:
         by_point = rows.reshape(points, every, -1)
         compute = by_point[:, :, COMPUTE]
         computes = np.maximum((~np.isnan(compute)).sum(axis=1), 1)
-        start, end = by_point[:, :, START], by_point[:, :, END]
-        with_record = ~np.isnan(start)
+        with_record = ~np.isnan(by_point[:, :, START])
         batches = np.maximum(with_record.sum(axis=1), 1)
-        # The batch was ready at max(requested, end), and arrived then.
-        transfer = by_point[:, :, RECEIVED] - np.maximum(
-            by_point[:, :, REQUESTED], end)
         figures = zip(
             (1e3 * by_point[:, :, WAIT].sum(axis=1) / every).tolist(),
             (1e3 * np.nansum(compute, axis=1) / computes).tolist(),
-            (1e3 * np.where(with_record, end - start, 0.0).sum(axis=1) /
-             batches).tolist(),
-            (1e3 * np.where(with_record, transfer, 0.0).sum(axis=1) /
-             batches).tolist(), rows[every - 1::every, INDEX].tolist())
+            (1e3 * np.where(with_record, worker_times(by_point), 0.0).sum(
+                axis=1) / batches).tolist(),
+            (1e3 * np.where(with_record, transfer_times(by_point), 0.0).sum(
+                axis=1) / batches).tolist(),
+            rows[every - 1::every, INDEX].tolist())
         timed = [[] for _ in range(points)]
         for row, record in steps.records:
             if is_timed(record):
@@ -722,8 +724,7 @@ class DataLoaderMonitor:
             total = self.deferred_summary()
             taken = self.take_window(deferred=True) if window else None
             return lambda: (total(), taken() if taken else None)
-        steps, self._unbooked = self._unbooked, StepLog()
-        self._unbooked_steps = 0
+        steps = self._take_unbooked()
         whole = self._summariser(lambda: (self._total, list(self._timeline)))
         span = self._summariser(self._swap_window) if window else None
 

@@ -19,8 +19,9 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 
 from .probes import DECODE, IO
-from .step_log import (COMPUTE, CPU, END, PID, RECEIVED, REQUESTED, SAMPLES,
-                       START, WAIT, WORKER, StepLog, is_timed)
+from .step_log import (COMPUTE, CPU, END, PID, REQUESTED, SAMPLES, START,
+                       WAIT, WORKER, StepLog, is_timed, transfer_times,
+                       worker_times)
 from .worker_timing import COLLATE, FETCH
 
 #: Stages of a worker's batch production that are not pipeline transforms,
@@ -252,11 +253,9 @@ class StepColumns:
         # Steps without a worker record have no worker figures.
         with_record = ~np.isnan(rows[:, START])
         rows = rows[with_record]
-        end = rows[:, END]
-        worker_time = end - rows[:, START]
-        # The batch was ready at max(requested, end), and arrived then.
-        transfer = rows[:, RECEIVED] - np.maximum(rows[:, REQUESTED], end)
-        slack = rows[:, REQUESTED] - end
+        worker_time = worker_times(rows)
+        transfer = transfer_times(rows)
+        slack = rows[:, REQUESTED] - rows[:, END]
         cpu = rows[:, CPU]
         self.worker = Series(worker_time)
         self.transfer = Series(transfer)

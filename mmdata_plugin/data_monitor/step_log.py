@@ -15,6 +15,18 @@ WIDTH = len(FIELDS)
 NAN = float('nan')
 
 
+def worker_times(rows: np.ndarray) -> np.ndarray:
+    """Per row (the last axis of ``rows``), its batch's worker time."""
+    return rows[..., END] - rows[..., START]
+
+
+def transfer_times(rows: np.ndarray) -> np.ndarray:
+    """Per row (the last axis of ``rows``), its batch's transfer time:
+    the batch was ready at max(requested, end), and arrived then."""
+    return rows[..., RECEIVED] - np.maximum(rows[..., REQUESTED],
+                                            rows[..., END])
+
+
 def is_timed(record: dict) -> bool:
     # Records of older versions have no 'timed': every batch was.
     return record.get('timed', True)
