@@ -82,18 +82,15 @@ caller opens it (POSIX keeps an opened file readable); callers treat
 ``FileNotFoundError`` on open as a miss (:meth:`read_bytes` does).
 """
 import contextlib
-import ctypes
-import errno
-import fcntl
 import hashlib
 import os
 import re
-import threading
 import time
 import uuid
 from typing import (Any, BinaryIO, Callable, Dict, Iterable, Iterator, List,
-                    NamedTuple, Optional, Sequence, Set, Tuple, Union)
+                    NamedTuple, Optional, Sequence, Tuple, Union)
 
+from .key_locks import KeyHolds, key_lock
 from .process_owner import (current_owner, owner_file_name,
                             owner_from_file_name, owner_is_alive,
                             remove_files_of_dead_owners)
@@ -129,43 +126,13 @@ def default_cache_dir() -> str:
     return os.path.join(cache_home, 'mmdata_plugin')
 
 
-class _Flock(ctypes.Structure):
-    """``struct flock`` of Linux (``off_t`` of 64 bits, as Python builds
-    with), for ``fcntl.fcntl``'s OFD lock commands."""
-    _fields_ = [('l_type', ctypes.c_short), ('l_whence', ctypes.c_short),
-                ('l_start', ctypes.c_int64), ('l_len', ctypes.c_int64),
-                ('l_pid', ctypes.c_int)]
-
-
-# The key-lock descriptors open in this process. A forked child gets copies
-# that would hold their locks until it exits (an OFD lock goes with its
-# last descriptor), so it closes them at once; a descriptor is opened and
-# recorded, or forgotten and closed, apart from any fork (the guard).
-_KEY_LOCK_FDS: Set[int] = set()
-_KEY_LOCK_FDS_GUARD = threading.Lock()
-
-
-def _close_inherited_key_locks() -> None:
-    for fd in _KEY_LOCK_FDS:
-        with contextlib.suppress(OSError):
-            os.close(fd)
-    _KEY_LOCK_FDS.clear()
-    _KEY_LOCK_FDS_GUARD.release()  # taken by the parent's fork
-
-
-os.register_at_fork(before=_KEY_LOCK_FDS_GUARD.acquire,
-                    after_in_parent=_KEY_LOCK_FDS_GUARD.release,
-                    after_in_child=_close_inherited_key_locks)
-
-
-def _byte_lock(offset: int) -> bytes:
-    """The ``struct flock`` of an exclusive lock on byte ``offset`` (an
-    OFD lock's ``l_pid`` must be 0)."""
-    return bytes(_Flock(fcntl.F_WRLCK, os.SEEK_SET, offset, 1, 0))
-
-
 class CacheBudgetError(RuntimeError):
     """The store cannot reserve the bytes asked for, even after eviction."""
+
+
+class KeyNotHeld(RuntimeError):
+    """A producer holding keys asked to produce one it does not hold (and
+    that has no entry): another producer has it, or it went."""
 
 
 class StoreUsage(NamedTuple):
@@ -376,10 +343,12 @@ class NodeStore:
             os.path.join(self.cache_dir, 'ledger.sqlite'))
         for sub in ('entries', 'locks', 'tmp', 'stats'):
             os.makedirs(os.path.join(self.cache_dir, sub), exist_ok=True)
-        os.close(
-            os.open(os.path.join(self.cache_dir, 'locks', _KEYS_LOCK),
-                    os.O_CREAT | os.O_RDWR, 0o644))
+        os.close(os.open(self._keys_lock_file, os.O_CREAT | os.O_RDWR, 0o644))
         return fresh
+
+    @property
+    def _keys_lock_file(self) -> str:
+        return f'{self.cache_dir}/locks/{_KEYS_LOCK}'
 
     @staticmethod
     def _digest(namespace: str, key: str) -> str:
@@ -463,7 +432,8 @@ class NodeStore:
                        size_hint: int,
                        validate: Optional[Callable[[str], None]] = None,
                        admit: bool = True,
-                       room_wait: Optional[float] = None) -> StoreEntry:
+                       room_wait: Optional[float] = None,
+                       holds: Optional[KeyHolds] = None) -> StoreEntry:
         """Return the entry of ``key``, producing it once if missing.
 
         Args:
@@ -485,6 +455,12 @@ class NodeStore:
                 publishes, for a caller that produces for other readers.
                 A write that outgrows ``size_hint`` waits as long for the
                 room it needs (``_ROOM_WAIT_SECONDS`` when None).
+            holds (KeyHolds, optional): Keys the caller holds (see
+                :meth:`hold_keys`) and lets go once this call ends (a retry
+                may still need it): a held key is produced without waiting
+                for its lock; a key not held is not produced
+                (:class:`KeyNotHeld` when it has no entry), so a holder
+                never waits for another producer.
 
         Returns:
             StoreEntry: ``admitted=True``: the published entry;
@@ -499,7 +475,7 @@ class NodeStore:
         if not admit:
             return self._produce_private(namespace, produce, size_hint,
                                          validate)
-        with self._key_lock(digest):
+        with self._locked(digest, holds, key):
             if os.path.exists(path):
                 self._counters.add(namespace, 'waited')
                 return StoreEntry(path, admitted=True)
@@ -520,6 +496,19 @@ class NodeStore:
                 return self._produce_entry(namespace, key, digest, produce,
                                            reservation, validate, wait)
 
+    @contextlib.contextmanager
+    def _locked(self, digest: str, holds: Optional[KeyHolds],
+                key: str) -> Iterator[None]:
+        """The key's lock for a producer: its own, waited for; or, given
+        ``holds``, the held one (the caller lets it go)."""
+        if holds is None:
+            with self._key_lock(digest):
+                yield
+            return
+        if not holds.holds(digest):
+            raise KeyNotHeld(f'{key}: its lock is not among those held')
+        yield
+
     def _produce_entry(self, namespace: str, key: str, digest: str,
                        produce, reservation: Reservation, validate,
                        wait: float) -> StoreEntry:
@@ -537,7 +526,8 @@ class NodeStore:
                      key: str,
                      produce: Callable[[BinaryIO], None],
                      reservation: Reservation,
-                     wait: float = 0) -> Optional[StoreEntry]:
+                     wait: float = 0,
+                     holds: Optional[KeyHolds] = None) -> Optional[StoreEntry]:
         """Return the entry of ``key``, producing it once if missing into
         ``reservation`` (from :meth:`reserve_entry`, or from another
         process's :meth:`reserve_for` in this one's name): for a producer
@@ -545,30 +535,49 @@ class NodeStore:
         download processes), which must not hold the key's lock while it
         waits for that. A write that outgrows the reservation waits
         ``wait`` seconds for room; a ``produce`` that raises leaves the
-        reservation to the caller (for another try).
+        reservation to the caller (for another try). ``holds`` as for
+        :meth:`get_or_produce`.
 
         Returns None, producing nothing, when another process was
-        producing the key and left no entry: whether it is still wanted is
+        producing the key and left no entry, or, given ``holds``, when the
+        key is not held and has no entry: whether it is still wanted is
         the caller's to ask (a reader that downloaded it may have read it,
         and the plan freed it). The reservation is released unless used.
         """
         digest = self._digest(namespace, key)
         path = self._entry_path(namespace, digest)
-        with self._key_lock(digest, blocking=False) as free:
-            if free:
+        if holds is not None and holds.holds(digest):
+            with self._locked(digest, holds, key):
+                return self._produce_free(namespace, key, digest, produce,
+                                          reservation, wait)
+        if holds is None:
+            with self._key_lock(digest, blocking=False) as free:
+                if free:
+                    return self._produce_free(namespace, key, digest,
+                                              produce, reservation, wait)
+            with self._key_lock(digest):
+                reservation.release()
                 if os.path.exists(path):
-                    reservation.release()
-                    self._hit(namespace, digest)
+                    self._counters.add(namespace, 'waited')
                     return StoreEntry(path, admitted=True)
-                self._counters.add(namespace, 'misses')
-                return self._produce_entry(namespace, key, digest, produce,
-                                           reservation, None, wait)
-        with self._key_lock(digest):
-            reservation.release()
-            if os.path.exists(path):
-                self._counters.add(namespace, 'waited')
-                return StoreEntry(path, admitted=True)
+            return None
+        reservation.release()
+        if os.path.exists(path):
+            self._hit(namespace, digest)
+            return StoreEntry(path, admitted=True)
         return None
+
+    def _produce_free(self, namespace: str, key: str, digest: str, produce,
+                      reservation: Reservation, wait: float) -> StoreEntry:
+        """:meth:`produce_into` under the key's lock, which it has."""
+        path = self._entry_path(namespace, digest)
+        if os.path.exists(path):
+            reservation.release()
+            self._hit(namespace, digest)
+            return StoreEntry(path, admitted=True)
+        self._counters.add(namespace, 'misses')
+        return self._produce_entry(namespace, key, digest, produce,
+                                   reservation, None, wait)
 
     def publish_bytes(self, namespace: str, key: str,
                       data: bytes) -> Optional[str]:
@@ -673,42 +682,27 @@ class NodeStore:
         self._ledger.defer_publish(reservation.id, row, final)
         reservation.active = False
 
-    @contextlib.contextmanager
-    def _key_lock(self, digest: str, blocking: bool = True) -> Iterator[bool]:
-        """An exclusive lock on the key's byte of ``locks/keys.lock``;
-        yields whether it was taken.
+    def _key_lock(self, digest: str, blocking: bool = True):
+        """The single-flight lock of the key of ``digest`` (see
+        :mod:`.key_locks`); yields whether it was taken."""
+        return key_lock(self._keys_lock_file, digest, blocking)
 
-        One byte of one shared file per key (the digest's first 60 bits as
-        its offset), locked with an open-file-description lock: a lock file
-        per key was an inode made and freed per download, 1/6 of the
-        prefetch process's CPU on ext4 (inode allocation skips recently
-        freed ones by reading their table blocks). OFD locks belong to the
-        open file description, so each call opens its own and threads of
-        one process exclude each other as processes do; the kernel drops
-        them when their process dies. Two keys whose first 60 bits agree
-        share a lock: a wait, never a wrong entry. A forked child closes
-        the copies it inherits (see ``_close_inherited_key_locks``).
-        """
-        with _KEY_LOCK_FDS_GUARD:
-            fd = os.open(f'{self.cache_dir}/locks/{_KEYS_LOCK}',
-                         os.O_RDWR | os.O_CLOEXEC)
-            _KEY_LOCK_FDS.add(fd)
-        try:
-            try:
-                fcntl.fcntl(fd,
-                            fcntl.F_OFD_SETLKW
-                            if blocking else fcntl.F_OFD_SETLK,
-                            _byte_lock(int(digest[:15], 16)))
-            except OSError as error:
-                if error.errno not in (errno.EAGAIN, errno.EACCES):
-                    raise
-                yield False
-                return
-            yield True
-        finally:
-            with _KEY_LOCK_FDS_GUARD:
-                _KEY_LOCK_FDS.discard(fd)
-                os.close(fd)  # releases the lock
+    def hold_keys(self, namespace: str, keys: Iterable[str]) -> KeyHolds:
+        """The locks of those of ``keys`` that have no entry and that no
+        other producer holds, held until let go (one by one, or all when
+        the :class:`~.key_locks.KeyHolds` closes): for a producer that will
+        publish them in turn from one read, so that their readers wait for
+        it rather than read them again. Pass it as ``holds`` to
+        :meth:`get_or_produce` or :meth:`produce_into`."""
+        holds = KeyHolds(self._keys_lock_file)
+        for key in keys:
+            digest = self._digest(namespace, key)
+            path = self._entry_path(namespace, digest)
+            if os.path.exists(path) or not holds.try_hold(digest):
+                continue
+            if os.path.exists(path):  # published before its lock was had
+                holds.let_go(digest)
+        return holds
 
     # -- budget -------------------------------------------------------------
 

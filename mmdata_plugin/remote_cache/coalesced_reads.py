@@ -21,6 +21,7 @@ fails gets no entry (its reader reads it on demand).
 """
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
+from ..cache.key_locks import KeyHolds
 from ..remote.errors import RemoteIOError
 from ..remote.tar_member_backend import (MemberPathError, member_path,
                                          parse_member_path)
@@ -39,58 +40,116 @@ class CoalesceLimits(NamedTuple):
     max_span: int
 
 
+class _Read:
+    """One range GET of a span: bytes ``[start, end)`` of its shard
+    version, read on first use; a failed read is kept, not repeated."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.span = parse_member_path(path)
+        self.data: Optional[bytes] = None
+        self.error: Optional[BaseException] = None
+
+    def covers(self, member) -> bool:
+        cover = self.span
+        return ((member.shard, member.size, member.tag)
+                == (cover.shard, cover.size, cover.tag)
+                and cover.start <= member.start and member.start +
+                member.length <= cover.start + cover.length)
+
+    def bytes(self, read: Callable[[str], bytes]) -> Tuple[bytes, int]:
+        """The span's bytes and how many of them this call read."""
+        if self.error is not None:
+            raise self.error
+        if self.data is not None:
+            return self.data, 0
+        try:
+            self.data = read(self.path)
+        except Exception as error:
+            self.error = error
+            raise
+        return self.data, len(self.data)
+
+
 class SharedSpan:
     """Bytes ``[start, end)`` of one shard version, read once for the
     members inside them, by the one thread that produces their entries in
     turn. A failed read is not repeated for the other members (each
     raises it; their readers read on demand).
 
+    The thread holds its members' keys (:meth:`claim`) from before the
+    read until each member is published: a reader reaching a member
+    meanwhile waits for the span's bytes (in memory by then, or on their
+    way) instead of reading them again with a GET of its own. Members
+    present or held by another producer when the span is claimed are left
+    to them, and not read again: the span's bytes are cut to the members
+    held, in one request per run of them that ``max_gap`` joins, as the
+    round joined them.
+
     Args:
         path (str): The ``tarmember://`` path of the covering span.
+        max_gap (int): Most bytes between two members of one request.
     """
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, max_gap: int) -> None:
         self.path = path
-        self.span = parse_member_path(path)
-        self._data: Optional[bytes] = None
-        self._error: Optional[BaseException] = None
+        self.max_gap = max_gap
+        self.holds: Optional[KeyHolds] = None
+        self._reads = [_Read(path)]
         self._uncounted = 0
 
+    def claim(self, holds: KeyHolds, held: List[str]) -> None:
+        """Produce only the members ``holds`` holds, ``held`` their paths,
+        read in runs within ``max_gap`` of each other."""
+        self.holds = holds
+        members = sorted((parse_member_path(url) for url in held),
+                         key=lambda member: member.start)
+        runs: List[List[int]] = []
+        for member in members:
+            end = member.start + member.length
+            if runs and member.start - runs[-1][1] <= self.max_gap:
+                runs[-1][1] = max(runs[-1][1], end)
+            else:
+                runs.append([member.start, end])
+        cover = self._reads[0].span
+        self._reads = [
+            _Read(member_path(cover.shard, start, end - start, cover.size,
+                              cover.tag)) for start, end in runs
+        ]
+
+    def let_go(self) -> None:
+        """Release the members' keys not published yet (the rest of the
+        span is not produced: their readers read them)."""
+        if self.holds is not None:
+            self.holds.close()
+
     def member_bytes(self, url: str, read: Callable[[str], bytes]) -> bytes:
-        """The bytes of member ``url``, cut from the span, which ``read``
-        (a fileio ``get``) fetches on the first call.
+        """The bytes of member ``url``, cut from the span's request that
+        covers it, which ``read`` (a fileio ``get``) fetches on the first
+        call.
 
         Raises:
             RemoteIOError: ``url`` is no member of the span, or its slice
                 is not the member's length (never another member's bytes).
         """
         member = parse_member_path(url)
-        cover = self.span
-        offset = member.start - cover.start
-        if ((member.shard, member.size, member.tag) !=
-                (cover.shard, cover.size, cover.tag) or offset < 0
-                or offset + member.length > cover.length):
+        request = next((r for r in self._reads if r.covers(member)), None)
+        if request is None:
             raise RemoteIOError(url, f'not inside the span {self.path}')
-        if self._error is not None:
-            raise self._error
-        if self._data is None:
-            try:
-                self._data = read(self.path)
-            except Exception as error:
-                self._error = error
-                raise
-            self._uncounted = len(self._data)
-        data = self._data
+        data, fresh = request.bytes(read)
+        self._uncounted += fresh
+        offset = member.start - request.span.start
         piece = data[offset:offset + member.length]
         if len(piece) != member.length:
             raise RemoteIOError(
                 url, f'{len(piece)} of the member\'s {member.length} bytes '
-                f'in the {len(data)} bytes read of {self.path}')
+                f'in the {len(data)} bytes read of {request.path}')
         return piece
 
     def take_read_bytes(self) -> int:
-        """Bytes read from the remote not counted yet: the whole span,
-        gaps included, once (to the member whose call read it)."""
+        """Bytes read from the remote not counted yet: each request's
+        whole span, gaps included, once (to the member whose call read
+        it)."""
         count, self._uncounted = self._uncounted, 0
         return count
 
@@ -171,7 +230,8 @@ class RoundSpans:
                     self.coalesced += 1
                     group.span = SharedSpan(
                         member_path(shard, group.start,
-                                    group.end - group.start, size, tag))
+                                    group.end - group.start, size, tag),
+                        self.limits.max_gap)
         self._open = {}
 
 

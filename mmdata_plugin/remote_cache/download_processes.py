@@ -121,11 +121,15 @@ class ProcessDownloads:
         room_wait (float): Seconds a download waits for room in a full
             budget (then it ends as ``no_room``: its reader downloads on
             demand), also for a file that outgrows its size hint.
+        max_gap (int): Most bytes between two members of one request (see
+            :class:`~.coalesced_reads.SharedSpan`).
     """
 
     def __init__(self, reader: RemoteReader, processes: int,
-                 max_inflight: int, room_wait: float) -> None:
+                 max_inflight: int, room_wait: float,
+                 max_gap: int = 0) -> None:
         self.reader = reader
+        self.max_gap = max_gap
         self.store = reader.store
         self.threads = max(1, math.ceil(max_inflight / processes))
         self.room_wait = room_wait
@@ -157,7 +161,7 @@ class ProcessDownloads:
                     if worker is not None:
                         worker.connection.close()
                 _serve(theirs, self.reader, self.threads, self.room_wait,
-                       parent)
+                       self.max_gap, parent)
             finally:
                 os._exit(1)  # never back into the planner's code
         theirs.close()
@@ -460,8 +464,12 @@ def _download(reader: RemoteReader, room: _PlannerRoom, url: str, hint: int,
     path = reader.entry_path(url)
     if os.path.exists(path):
         return _size(path)
+    if span is not None and not span.holds.holds(digest):
+        return _BUSY  # another producer has it (see SharedSpan.claim)
     # Reserved before taking the file's lock: a reader waiting for that
-    # lock must not wait for the planner too.
+    # lock must not wait for the planner too. (A span's member is held
+    # already: its reader waits for this, as it waits for the span's read,
+    # and for no longer than the room wait, after which the span lets go.)
     reservation = room.reserve(url, hint)
     try:
         entry = reader.fetch_into(url, reservation, room.room_wait, wanted,
@@ -481,12 +489,18 @@ def _size(path: str) -> int:
 
 
 def _run_in_turn(reader: RemoteReader, room: _PlannerRoom, send,
-                 jobs: List[tuple]) -> None:
-    """Run ``jobs`` (of one span, or one job) on this thread."""
+                 jobs: List[tuple], max_gap: int) -> None:
+    """Run ``jobs`` (of one span, or one job) on this thread; a span
+    holds its members' keys until each is published."""
     cover = jobs[0][3]
-    span = None if cover is None else SharedSpan(cover)
-    for job_id, urls, hint, _ in jobs:
-        _run_job(reader, room, send, span, job_id, urls, hint)
+    if cover is None:
+        for job_id, urls, hint, _ in jobs:
+            _run_job(reader, room, send, None, job_id, urls, hint)
+        return
+    span = SharedSpan(cover, max_gap)
+    with reader.claim(span, [url for job in jobs for url in job[1]]):
+        for job_id, urls, hint, _ in jobs:
+            _run_job(reader, room, send, span, job_id, urls, hint)
 
 
 def _run_job(reader: RemoteReader, room: _PlannerRoom, send,
@@ -500,6 +514,8 @@ def _run_job(reader: RemoteReader, room: _PlannerRoom, send,
         answer = ('ended', job_id, 'done', sizes)
     except CacheBudgetError:
         answer = ('ended', job_id, 'no_room', None)
+        if span is not None:  # the rest of the span: see _download's
+            span.let_go()
     except Exception as error:  # the planner warns; the reader reports
         answer = ('ended', job_id, 'failed',
                   (type(error).__name__, repr(error)))
@@ -511,7 +527,8 @@ def _evicts_nothing(nbytes: int) -> tuple:
 
 
 def _serve(connection: Connection, reader: RemoteReader, threads: int,
-           room_wait: float, parent: int) -> None:  # pragma: no cover
+           room_wait: float, max_gap: int,
+           parent: int) -> None:  # pragma: no cover
     """The download process: runs the jobs it is sent until told to stop,
     or its parent (the planner) is gone."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the planner stops it
@@ -539,7 +556,8 @@ def _serve(connection: Connection, reader: RemoteReader, threads: int,
                 room.answered(*message[1:])
                 continue
             for jobs in in_turn(message[1], lambda job: job[3]):
-                pool.submit(_run_in_turn, reader, room, send, jobs)
+                pool.submit(_run_in_turn, reader, room, send, jobs,
+                            max_gap)
     except (EOFError, OSError):
         pass
     finally:

@@ -26,7 +26,8 @@ from typing import (Any, Callable, Dict, Iterator, List, Optional, Tuple,
 from mmengine.fileio import get_file_backend
 from mmengine.fileio.backends import BaseStorageBackend, register_backend
 
-from ..cache.node_store import NodeStore, Reservation, StoreEntry
+from ..cache.key_locks import KeyHolds
+from ..cache.node_store import KeyNotHeld, NodeStore, Reservation, StoreEntry
 from ..remote.errors import RemoteCorruptError
 from ..remote.remote_backend import CORRUPT_ATTEMPTS
 from .coalesced_reads import SharedSpan
@@ -186,10 +187,31 @@ class RemoteReader:
         hint = min(self.size_hint if size_hint is None else size_hint,
                    self.store.limit)
         produce = self._producer(url, wanted, span)
-        return self._retrying_corrupt(
-            lambda: self.store.get_or_produce(NAMESPACE, url, produce, hint,
-                                              admit=admit,
-                                              room_wait=room_wait))
+        try:
+            return self._retrying_corrupt(
+                lambda: self.store.get_or_produce(
+                    NAMESPACE, url, produce, hint, admit=admit,
+                    room_wait=room_wait, holds=span and span.holds))
+        except KeyNotHeld:
+            # Another producer has it (a span's claim let it be).
+            raise DownloadNotWanted(url) from None
+        finally:
+            self._let_go(url, span)
+
+    def _let_go(self, url: str, span: Optional[SharedSpan]) -> None:
+        """Release ``url``'s key if ``span`` held it: its readers go on."""
+        if span is not None and span.holds is not None:
+            span.holds.let_go(self.entry_digest(url))
+
+    def claim(self, span: SharedSpan, urls: List[str]) -> KeyHolds:
+        """Hold the keys of those of ``span``'s members ``urls`` that have
+        no entry and no other producer (see
+        :meth:`~.coalesced_reads.SharedSpan.claim`); close the holds when
+        the span's downloads end."""
+        holds = self.store.hold_keys(NAMESPACE, urls)
+        span.claim(holds, [
+            url for url in urls if holds.holds(self.entry_digest(url))])
+        return holds
 
     def fetch_into(self,
                    url: str,
@@ -200,14 +222,17 @@ class RemoteReader:
         """:meth:`fetch` into ``reservation`` (see
         :meth:`~mmdata_plugin.cache.node_store.NodeStore.produce_into`);
         None when another process was downloading ``url`` and left no
-        entry. ``wanted``, ``room_wait`` and ``span`` as for :meth:`fetch`;
-        the reservation is released unless used."""
+        entry, or has it now (a member ``span`` did not claim).
+        ``wanted``, ``room_wait`` and ``span`` as for :meth:`fetch`; the
+        reservation is released unless used."""
         produce = self._producer(url, wanted, span)
         try:
             return self._retrying_corrupt(
                 lambda: self.store.produce_into(NAMESPACE, url, produce,
-                                                reservation, room_wait))
+                                                reservation, room_wait,
+                                                span and span.holds))
         finally:
+            self._let_go(url, span)
             reservation.release()
 
     def _producer(self, url: str, wanted: Optional[Callable[[], bool]],

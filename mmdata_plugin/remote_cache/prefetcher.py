@@ -187,8 +187,9 @@ class NodePrefetcher:
         self._sizes_learned = 0
         self._largest_size = 0
         if download_processes > 1:
-            self._processes = ProcessDownloads(reader, download_processes,
-                                               max_inflight, _ROOM_WAIT)
+            self._processes = ProcessDownloads(
+                reader, download_processes, max_inflight, _ROOM_WAIT,
+                0 if coalesce is None else coalesce.max_gap)
             self._pool = None
         else:
             self._processes = None
@@ -901,8 +902,17 @@ class NodePrefetcher:
         return downloads
 
     def _download_in_turn(self, downloads: List[tuple]) -> None:
-        for download in downloads:
-            self._download(*download)
+        """Run ``downloads`` (of one span, or one download) on this thread;
+        a span holds its members' keys until each is published."""
+        span = downloads[0][3]
+        if span is None:
+            for download in downloads:
+                self._download(*download)
+            return
+        urls = [url for download in downloads for url in download[1]]
+        with self.reader.claim(span, urls):
+            for download in downloads:
+                self._download(*download)
 
     def _download(self, sample: int, urls: List[str], size: int,
                   span: Optional[SharedSpan]) -> None:
@@ -936,8 +946,11 @@ class NodePrefetcher:
         except CacheBudgetError:
             # No room within _ROOM_WAIT (the budget holds what reads
             # before this one need): no body was read, its reader
-            # downloads it on demand, once.
+            # downloads it on demand, once; so do the readers of the rest
+            # of its span, rather than wait for as long each.
             no_room = True
+            if span is not None:
+                span.let_go()
         except Exception as failure:  # the reader's own read reports it
             error = (type(failure).__name__, repr(failure))
         self._finished(

@@ -11,6 +11,7 @@ import pytest
 
 from mmdata_plugin.cache import (CacheBudgetError, NodeStore, format_size,
                                  parse_size)
+from mmdata_plugin.cache.node_store import KeyNotHeld
 
 _FORK = multiprocessing.get_context('fork')
 
@@ -153,30 +154,80 @@ def test_key_locks_exclude_threads_of_one_process(tmp_path):
         assert locked  # released when the holder closed its description
 
 
-def _try_key(cache_dir, result):
-    with NodeStore(cache_dir, '10MB')._key_lock('ab' * 20,
+def test_held_keys_are_let_go_one_by_one(tmp_path):
+    # A coalesced request holds its members' keys from before its read and
+    # lets each go once that member is published.
+    store = NodeStore(str(tmp_path / 'store'), '10MB')
+    store.get_or_produce('remote', 'present', lambda f: f.write(b'p'), 1)
+    keys = ['a', 'b', 'c', 'present']
+    digests = {key: store._digest('remote', key) for key in keys}
+
+    def free(key):
+        with store._key_lock(digests[key], blocking=False) as locked:
+            return locked
+
+    with store._key_lock(digests['c']) as locked:
+        assert locked  # another producer has c
+        holds = store.hold_keys('remote', keys)
+        # present and c are not the holder's to produce
+        assert sorted(holds.held()) == sorted([digests['a'], digests['b']])
+    assert not free('a') and not free('b') and free('c')
+    # A key not held, with no entry: never waited for, never produced.
+    with pytest.raises(KeyNotHeld):
+        store.get_or_produce('remote', 'c', lambda f: f.write(b'c'), 1,
+                             holds=holds)
+    reservation = store.reserve_entry('remote', 'c', 1)
+    assert store.produce_into('remote', 'c', lambda f: f.write(b'c'),
+                              reservation, holds=holds) is None
+    assert store.usage().inflight_bytes == 0  # its reservation went back
+    assert store.lookup('remote', 'c') is None
+    # A held key is produced without waiting for its own lock.
+    entry = store.get_or_produce('remote', 'a', lambda f: f.write(b'aa'), 2,
+                                 holds=holds)
+    assert open(entry.path, 'rb').read() == b'aa'
+    assert not free('a')  # still held until let go
+    holds.let_go(digests['a'])
+    assert free('a') and not free('b')
+    reservation = store.reserve_entry('remote', 'b', 1)
+    entry = store.produce_into('remote', 'b', lambda f: f.write(b'b'),
+                               reservation, holds=holds)
+    assert open(entry.path, 'rb').read() == b'b'
+    holds.close()
+    assert free('b')
+    assert holds.held() == [] and not holds.try_hold(digests['a'])
+
+
+def _try_key(cache_dir, result, digest='ab' * 20):
+    with NodeStore(cache_dir, '10MB')._key_lock(digest,
                                                 blocking=False) as locked:
         result.put(locked)
 
 
-def test_a_forked_child_does_not_keep_a_key_lock_it_inherited(tmp_path):
+@pytest.mark.parametrize('held', [False, True])
+def test_a_forked_child_does_not_keep_a_key_lock_it_inherited(
+        tmp_path, held):
     # The child gets a copy of the holder's descriptor; were it kept, the
-    # key would stay locked for every process until the child exits.
+    # key would stay locked for every process until the child exits. The
+    # same for keys held across calls (a coalesced request's).
     cache_dir = str(tmp_path / 'store')
     store = NodeStore(cache_dir, '10MB')
     context = multiprocessing.get_context('fork')
     result = context.Queue()
     started = context.Event()
-    with store._key_lock('ab' * 20) as locked:
+    digest = store._digest('remote', 'x') if held else 'ab' * 20
+    lock = store.hold_keys('remote', ['x']) if held else store._key_lock(
+        digest)
+    with lock as locked:
         assert locked
         child = context.Process(target=_hold_inherited, args=(started, ))
         child.start()
         assert started.wait(30)
-        probe = context.Process(target=_try_key, args=(cache_dir, result))
+        probe = context.Process(target=_try_key,
+                                args=(cache_dir, result, digest))
         probe.start()
         assert result.get(timeout=30) is False  # still ours
         probe.join(30)
-    probe = context.Process(target=_try_key, args=(cache_dir, result))
+    probe = context.Process(target=_try_key, args=(cache_dir, result, digest))
     probe.start()
     try:
         assert result.get(timeout=30) is True  # the child let go of it

@@ -2,6 +2,7 @@
 range GET of the span covering them, each member's entry cut from it."""
 import os
 import os.path as osp
+import threading
 
 import numpy as np
 import pytest
@@ -18,6 +19,7 @@ from mmdata_plugin.remote_cache.coalesced_reads import (CoalesceLimits,
                                                         RoundSpans,
                                                         SharedSpan)
 from mmdata_plugin.remote_cache.node_cache_backend import (NAMESPACE,
+                                                           DownloadNotWanted,
                                                            RemoteReader)
 from mmdata_plugin.sample_order import NodeStream, sample_order_of
 from mmdata_plugin.testing import LoopbackHTTPServer
@@ -135,13 +137,14 @@ def test_a_gap_or_a_span_over_the_limits_splits_the_group():
     assert spans.join(_urls('/local/a.tar', [(1600, 10)])[0]) == (None, True)
     assert spans.join(['http://127.0.0.1:1/x.jpg']) == (None, True)
     spans.close()
-    assert (first.span.span.start, first.span.span.length) == (512, 2388)
+    cover = parse_member_path(first.span.path)
+    assert (cover.start, cover.length) == (512, 2388)
     assert joined[3][0].span is None  # one member reads itself
 
 
 def test_a_member_whose_slice_is_short_or_outside_is_refused():
     shard = 'http://127.0.0.1:1/a.tar'
-    span = SharedSpan(member_path(shard, 1000, 3000, 10_000, '"e"'))
+    span = SharedSpan(member_path(shard, 1000, 3000, 10_000, '"e"'), 0)
     inside = _urls(shard, [(2000, 500)])[0]
     reads = []
 
@@ -181,7 +184,7 @@ def test_a_member_cut_short_gets_no_entry(shards, tmp_path):
         span = CutSpan(
             member_path(first.shard, first.start,
                         last.start + last.length - first.start, first.size,
-                        first.tag))
+                        first.tag), 0)
         reader = RemoteReader(NodeStore(str(tmp_path / 'cache'), 1 << 20))
         expected = member_bytes(shards)
         for path in paths[:-1]:
@@ -209,3 +212,113 @@ def test_coalesced_requests_under_faults_serve_the_right_bytes(
     assert stats.faults['5xx'] and stats.faults['truncated']
     assert prefetcher.status()['coalesced_requests'] > 0
     assert peak <= limit
+
+
+def _span_of(paths, max_gap):
+    """The span covering ``paths`` (members of one shard)."""
+    members = [parse_member_path(path) for path in paths]
+    start = min(m.start for m in members)
+    end = max(m.start + m.length for m in members)
+    return SharedSpan(
+        member_path(members[0].shard, start, end - start, members[0].size,
+                    members[0].tag), max_gap)
+
+
+def _one_shard(srv, tmp_path, count):
+    dataset = TarShardDataset(
+        data_root=srv.url('tar/'), shards='train-000000.tar',
+        image_ext='bin', ann_ext='cls', index_dir=str(tmp_path / 'index'),
+        index_progress=False)
+    paths = [dataset.get_data_info(i)['img_path'] for i in range(count)]
+    # the dataset's first samples are the shard's first members, in order
+    assert [parse_member_path(p).start for p in paths] == sorted(
+        parse_member_path(p).start for p in paths)
+    return paths
+
+
+def test_a_reader_waits_for_the_span_holding_its_member(shards, tmp_path):
+    # A reader reaching a member while the span that holds it is being
+    # read waits for the span's bytes: no GET of its own, no byte twice.
+    with LoopbackHTTPServer(shards, latency=0.4,
+                            log_downloads=True) as srv:
+        paths = _one_shard(srv, tmp_path, 4)
+        span = _span_of(paths, LIMITS.max_gap)
+        prefetch = RemoteReader(NodeStore(str(tmp_path / 'cache'), 1 << 20))
+        # another process's reader (a DataLoader worker): own store object
+        reader = RemoteReader(NodeStore(str(tmp_path / 'cache'), 1 << 20))
+        srv.reset_stats()
+        claimed = threading.Event()
+
+        def produce_span():
+            with prefetch.claim(span, paths) as holds:
+                assert len(holds.held()) == 4
+                claimed.set()
+                for path in paths:
+                    with prefetch.fetch(path, span=span):
+                        pass
+
+        thread = threading.Thread(target=produce_span)
+        thread.start()
+        assert claimed.wait(30)
+        with reader.fetch(paths[2]) as entry:
+            assert read_file(entry.path) == member_bytes(shards)(paths[2])
+        thread.join(30)
+        assert srv.stats().get_requests == 1
+        assert len(srv.download_log()) == 1
+        assert reader.store.counters()[NAMESPACE]['waited'] == 1
+
+
+@pytest.mark.parametrize('across', [False, True])
+def test_a_span_reads_only_the_members_no_one_has(shards, tmp_path, across):
+    # Of 6 members, one was read already and one is being produced by
+    # another: the span holds and produces the other 4, in one request
+    # per run that max_gap joins (the held-elsewhere one at the end is
+    # never read; the present one between runs only when max_gap reaches
+    # across it).
+    with LoopbackHTTPServer(shards, latency=0.002,
+                            log_downloads=True) as srv:
+        paths = _one_shard(srv, tmp_path, 6)
+        members = [parse_member_path(p) for p in paths]
+        ends = [m.start + m.length for m in members]
+        neighbours = max(members[i + 1].start - ends[i] for i in range(5))
+        over = members[3].start - ends[1]
+        assert neighbours < over
+        max_gap, reads = (over, 1) if across else (neighbours, 2)
+        store = NodeStore(str(tmp_path / 'cache'), 1 << 20)
+        prefetch = RemoteReader(store)
+        with prefetch.fetch(paths[2]):
+            pass
+        srv.reset_stats()
+        span = _span_of(paths, max_gap)
+        busy = threading.Event()
+        done = threading.Event()
+
+        def another_producer():
+            digest = prefetch.entry_digest(paths[5])
+            with store._key_lock(digest) as locked:
+                assert locked
+                busy.set()
+                done.wait(30)
+
+        thread = threading.Thread(target=another_producer)
+        thread.start()
+        assert busy.wait(30)
+        try:
+            with prefetch.claim(span, paths) as holds:
+                assert len(holds.held()) == 4
+                for path in paths[:5]:
+                    with prefetch.fetch(path, span=span) as entry:
+                        assert read_file(entry.path) == member_bytes(shards)(
+                            path)
+                with pytest.raises(DownloadNotWanted):
+                    prefetch.fetch(paths[5], span=span)
+        finally:
+            done.set()
+            thread.join(30)
+        log = srv.download_log()
+        assert len(log) == reads
+        read = [(start, start + size) for _, _, size, start in log]
+        assert all(end <= members[5].start for _, end in read)
+        if not across:  # the present member's bytes are not read again
+            assert all(end <= members[2].start or start >= ends[2]
+                       for start, end in read)
