@@ -1,4 +1,5 @@
 import http.client
+import os
 import socket
 import threading
 import time
@@ -98,6 +99,32 @@ def test_directory_source(tmp_path):
         srv.put('sub/x.bin', BLOB[:100])
         status, headers, body = request(srv, 'GET', 'sub/x.bin')
         assert body == BLOB[:100] and headers['ETag'] != etag
+
+
+def test_a_file_is_read_through_one_descriptor_closed_after_its_answer(
+        tmp_path):
+    # Bodies larger than a chunk, whole, in ranges, cut short by a fault
+    # and answered with a 416: no descriptor is left open.
+    big = bytes(range(256)) * 1024  # 256 KiB: 4 chunks
+    (tmp_path / 'big.bin').write_bytes(big)
+    (tmp_path / 'dir').mkdir()
+    open_fds = lambda: len(os.listdir('/proc/self/fd'))  # noqa: E731
+    with LoopbackHTTPServer(str(tmp_path), fault_rate=0.3,
+                            fault_kinds=('truncated', )) as srv:
+        before = open_fds()
+        for start in range(1, 13):
+            try:
+                status, _, body = request(srv, 'GET', 'big.bin',
+                                          {'Range': f'bytes={start}-'})
+            except http.client.IncompleteRead:  # a truncated answer
+                continue
+            assert status == 206 and body == big[start:]
+        assert request(srv, 'GET', 'big.bin',
+                       {'Range': 'bytes=999999-'})[0] == 416
+        assert request(srv, 'GET', 'dir')[0] == 404
+        assert srv.stats().faults['truncated'] > 0
+        time.sleep(0.2)  # the handler threads end their requests
+        assert open_fds() <= before
 
 
 def test_latency_is_added_per_request():
