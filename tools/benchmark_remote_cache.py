@@ -305,6 +305,9 @@ def ours_prefetch(dataset, sampler, backend_args: dict, epochs: int,
     writer = CursorWriter(cache_dir, rank, token[0])
     writer.publish(0, 0)
     process = None
+    # The hook's defaults (download processes, coalescing limits), as a
+    # user's config block gets them.
+    hook = RemoteCachePrefetchHook(**(coalesce or {}))
     if local_rank == 0:
         stream = NodeStream(
             sample_order_of(BatchSampler(sampler, batch_size, False),
@@ -324,11 +327,11 @@ def ours_prefetch(dataset, sampler, backend_args: dict, epochs: int,
                 token=token[0],
                 reserve=reserve and parse_size(reserve, 'prefetch_reserve'),
                 readahead=(2 * workers + 2) * batch_size * local_size,
-                max_inflight=64,
+                max_inflight=hook.max_inflight,
+                download_processes=hook.download_processes,
                 stop=epochs * stream.epoch_ticks,
                 horizon=2 * stream.epoch_ticks,
-                coalesce=RemoteCachePrefetchHook(**coalesce).coalesce
-                if coalesce else None))
+                coalesce=hook.coalesce if coalesce else None))
     try:
         yield writer
         if process is not None and not process.alive:

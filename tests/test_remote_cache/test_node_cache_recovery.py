@@ -69,7 +69,7 @@ def probe_env(train_env):
 
 
 def write_config(path, cache_dir, cache_limit, loaded_dir, max_iters,
-                 interval, delay=0.0):
+                 interval, delay=0.0, download_processes=2):
     """The node-cache demo without its head cache (every read goes through
     the node cache) and with the probes; 2 workers, prefetch_factor 1."""
     path.write_text(f"""
@@ -78,7 +78,8 @@ custom_imports = dict(
     imports=['mmdata_plugin', 'node_cache_probe'], allow_failed_imports=False)
 custom_hooks = [
     dict(type='RemoteCachePrefetchHook', cache_dir={str(cache_dir)!r},
-         cache_limit={cache_limit}),
+         cache_limit={cache_limit},
+         download_processes={download_processes}),
     dict(type='CacheProbeHook', delay={delay}),
 ]
 train_cfg = dict(max_iters={max_iters}, val_begin=10**6)
@@ -282,8 +283,13 @@ def test_prefetcher_killed_stops_training_then_resume_completes(
     """
     cache_dir, work_dir = tmp_path / 'cache', tmp_path / 'work'
     loaded = tmp_path / 'loaded'
+    # Downloading on its own threads, so that the kill lands mid-download
+    # of the process killed (a download process killed mid-download, and
+    # download processes outliving a killed prefetch process: see
+    # test_download_processes.py).
     config = write_config(tmp_path / 'cfg.py', cache_dir, cache_limit,
-                          loaded, max_iters=30, interval=5, delay=0.1)
+                          loaded, max_iters=30, interval=5, delay=0.1,
+                          download_processes=1)
     with LoopbackHTTPServer(demo, latency=0.05) as srv:
         env = run_env(probe_env, srv, tmp_path)
         with open(tmp_path / 'killed.log', 'w') as log:
