@@ -1,7 +1,9 @@
 """Constants and small helpers shared by the tests (fixtures: conftest.py)."""
+import contextlib
 import importlib.util
 import os
 import os.path as osp
+import threading
 import time
 
 from mmdata_plugin.cache.head_sources import PRODUCING_SECONDS
@@ -56,3 +58,25 @@ def age_head_link(sources, source: str, seconds: float = None) -> None:
     then = time.time() - (PRODUCING_SECONDS + 1 if seconds is None else
                           seconds)
     os.utime(sources.link_path(source), (then, then), follow_symlinks=False)
+
+
+@contextlib.contextmanager
+def key_locked_elsewhere(store, digest: str):
+    """Hold the store's single-flight lock of ``digest`` on another thread
+    (another producer, as a reader's download is) until the block ends."""
+    taken, release = threading.Event(), threading.Event()
+
+    def hold():
+        with store._key_lock(digest) as locked:
+            assert locked
+            taken.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert taken.wait(30)
+        yield
+    finally:
+        release.set()
+        holder.join(30)

@@ -8,6 +8,7 @@ import threading
 import time
 
 import pytest
+from helpers import key_locked_elsewhere
 
 from mmdata_plugin.cache import (CacheBudgetError, NodeStore, format_size,
                                  parse_size)
@@ -132,24 +133,11 @@ def test_single_flight_across_processes(tmp_path):
 
 def test_key_locks_exclude_threads_of_one_process(tmp_path):
     store = NodeStore(str(tmp_path / 'store'), '10MB')
-    taken = threading.Event()
-    release = threading.Event()
-
-    def hold():
-        with store._key_lock('ab' * 20) as locked:
-            assert locked
-            taken.set()
-            release.wait(10)
-
-    holder = threading.Thread(target=hold)
-    holder.start()
-    assert taken.wait(10)
-    with store._key_lock('ab' * 20, blocking=False) as locked:
-        assert not locked  # the other thread holds the key
-    with store._key_lock('cd' * 20, blocking=False) as locked:
-        assert locked  # another key's byte is free
-    release.set()
-    holder.join(10)
+    with key_locked_elsewhere(store, 'ab' * 20):
+        with store._key_lock('ab' * 20, blocking=False) as locked:
+            assert not locked  # the other thread holds the key
+        with store._key_lock('cd' * 20, blocking=False) as locked:
+            assert locked  # another key's byte is free
     with store._key_lock('ab' * 20, blocking=False) as locked:
         assert locked  # released when the holder closed its description
 
@@ -166,8 +154,7 @@ def test_held_keys_are_let_go_one_by_one(tmp_path):
         with store._key_lock(digests[key], blocking=False) as locked:
             return locked
 
-    with store._key_lock(digests['c']) as locked:
-        assert locked  # another producer has c
+    with key_locked_elsewhere(store, digests['c']):  # another producer
         holds = store.hold_keys('remote', keys)
         # present and c are not the holder's to produce
         assert sorted(holds.held()) == sorted([digests['a'], digests['b']])

@@ -6,6 +6,7 @@ import threading
 
 import numpy as np
 import pytest
+from helpers import key_locked_elsewhere
 from test_prefetcher import build, consume, read_file
 from torch.utils.data import BatchSampler
 
@@ -290,20 +291,7 @@ def test_a_span_reads_only_the_members_no_one_has(shards, tmp_path, across):
             pass
         srv.reset_stats()
         span = _span_of(paths, max_gap)
-        busy = threading.Event()
-        done = threading.Event()
-
-        def another_producer():
-            digest = prefetch.entry_digest(paths[5])
-            with store._key_lock(digest) as locked:
-                assert locked
-                busy.set()
-                done.wait(30)
-
-        thread = threading.Thread(target=another_producer)
-        thread.start()
-        assert busy.wait(30)
-        try:
+        with key_locked_elsewhere(store, prefetch.entry_digest(paths[5])):
             with prefetch.claim(span, paths) as holds:
                 assert len(holds.held()) == 4
                 for path in paths[:5]:
@@ -312,9 +300,6 @@ def test_a_span_reads_only_the_members_no_one_has(shards, tmp_path, across):
                             path)
                 with pytest.raises(DownloadNotWanted):
                     prefetch.fetch(paths[5], span=span)
-        finally:
-            done.set()
-            thread.join(30)
         log = srv.download_log()
         assert len(log) == reads
         read = [(start, start + size) for _, _, size, start in log]
