@@ -152,8 +152,11 @@ class KeyHolds:
             if self._bytes[offset]:
                 return
             del self._bytes[offset]
-            fcntl.fcntl(self._fd, fcntl.F_OFD_SETLK,
-                        _flock(fcntl.F_UNLCK, offset))
+            # Called from callers' finally blocks: a failed unlock must not
+            # hide their exception; close() releases the byte anyway.
+            with contextlib.suppress(OSError):
+                fcntl.fcntl(self._fd, fcntl.F_OFD_SETLK,
+                            _flock(fcntl.F_UNLCK, offset))
 
     def close(self) -> None:
         """Release every key still held."""

@@ -57,6 +57,10 @@ API (the roles every consumer relies on):
   ``room_wait``, waits that long for room and publishes.
 * :meth:`NodeStore.publish_bytes` -- publish bytes the caller already holds;
   never waits for another producer.
+* :meth:`NodeStore.hold_keys` -- the single-flight locks of several keys,
+  held across calls and let go one by one (:mod:`.key_locks`), for a
+  producer that publishes them in turn from one read (``holds`` of
+  :meth:`NodeStore.get_or_produce` and :meth:`NodeStore.produce_into`).
 * :meth:`NodeStore.reserve` -- a :class:`Reservation` (context manager);
   raises :class:`CacheBudgetError` when impossible.
 * :meth:`NodeStore.produce_into`, :meth:`NodeStore.reserve_entry` and
@@ -471,11 +475,13 @@ class NodeStore:
         if os.path.exists(path):
             self._hit(namespace, digest)
             return StoreEntry(path, admitted=True)
+        if holds is not None and not holds.holds(digest):
+            raise KeyNotHeld(f'{key}: its lock is not among those held')
         self._counters.add(namespace, 'misses')
         if not admit:
             return self._produce_private(namespace, produce, size_hint,
                                          validate)
-        with self._locked(digest, holds, key):
+        with self._locked(digest, holds):
             if os.path.exists(path):
                 self._counters.add(namespace, 'waited')
                 return StoreEntry(path, admitted=True)
@@ -497,16 +503,14 @@ class NodeStore:
                                            reservation, validate, wait)
 
     @contextlib.contextmanager
-    def _locked(self, digest: str, holds: Optional[KeyHolds],
-                key: str) -> Iterator[None]:
+    def _locked(self, digest: str,
+                holds: Optional[KeyHolds]) -> Iterator[None]:
         """The key's lock for a producer: its own, waited for; or, given
-        ``holds``, the held one (the caller lets it go)."""
+        ``holds``, the one held already (the caller lets it go)."""
         if holds is None:
             with self._key_lock(digest):
                 yield
             return
-        if not holds.holds(digest):
-            raise KeyNotHeld(f'{key}: its lock is not among those held')
         yield
 
     def _produce_entry(self, namespace: str, key: str, digest: str,
@@ -533,7 +537,8 @@ class NodeStore:
         process's :meth:`reserve_for` in this one's name): for a producer
         whose room another process may make (the node prefetcher's
         download processes), which must not hold the key's lock while it
-        waits for that. A write that outgrows the reservation waits
+        waits for that (one that holds it already, ``holds``, bounds how
+        long: the key's readers wait as long). A write that outgrows the reservation waits
         ``wait`` seconds for room; a ``produce`` that raises leaves the
         reservation to the caller (for another try). ``holds`` as for
         :meth:`get_or_produce`.
@@ -546,10 +551,9 @@ class NodeStore:
         """
         digest = self._digest(namespace, key)
         path = self._entry_path(namespace, digest)
-        if holds is not None and holds.holds(digest):
-            with self._locked(digest, holds, key):
-                return self._produce_free(namespace, key, digest, produce,
-                                          reservation, wait)
+        if holds is not None and holds.holds(digest):  # its lock is had
+            return self._produce_free(namespace, key, digest, produce,
+                                      reservation, wait)
         if holds is None:
             with self._key_lock(digest, blocking=False) as free:
                 if free:
@@ -695,13 +699,17 @@ class NodeStore:
         it rather than read them again. Pass it as ``holds`` to
         :meth:`get_or_produce` or :meth:`produce_into`."""
         holds = KeyHolds(self._keys_lock_file)
-        for key in keys:
-            digest = self._digest(namespace, key)
-            path = self._entry_path(namespace, digest)
-            if os.path.exists(path) or not holds.try_hold(digest):
-                continue
-            if os.path.exists(path):  # published before its lock was had
-                holds.let_go(digest)
+        try:
+            for key in keys:
+                digest = self._digest(namespace, key)
+                path = self._entry_path(namespace, digest)
+                if os.path.exists(path) or not holds.try_hold(digest):
+                    continue
+                if os.path.exists(path):  # published before its lock was had
+                    holds.let_go(digest)
+        except BaseException:
+            holds.close()  # no reader may wait for keys nobody will produce
+            raise
         return holds
 
     # -- budget -------------------------------------------------------------

@@ -19,6 +19,7 @@ size and ETag of the member paths, the span's length), and a member's
 slice must lie inside the span and have the member's length; a member that
 fails gets no entry (its reader reads it on demand).
 """
+import time
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 from ..cache.key_locks import KeyHolds
@@ -97,11 +98,13 @@ class SharedSpan:
         self.holds: Optional[KeyHolds] = None
         self._reads = [_Read(path)]
         self._uncounted = 0
+        self._let_go_at = float('inf')
 
-    def claim(self, holds: KeyHolds, held: List[str]) -> None:
+    def claim(self, holds: KeyHolds, held: List[str],
+              hold_for: float) -> None:
         """Produce only the members ``holds`` holds, ``held`` their paths,
-        read in runs within ``max_gap`` of each other."""
-        self.holds = holds
+        read in runs within ``max_gap`` of each other; hold them at most
+        ``hold_for`` seconds (see :meth:`let_go_if_late`)."""
         members = sorted((parse_member_path(url) for url in held),
                          key=lambda member: member.start)
         runs: List[List[int]] = []
@@ -112,16 +115,28 @@ class SharedSpan:
             else:
                 runs.append([member.start, end])
         cover = self._reads[0].span
-        self._reads = [
+        reads = [
             _Read(member_path(cover.shard, start, end - start, cover.size,
                               cover.tag)) for start, end in runs
         ]
+        # Set together, once nothing can fail: a span whose claim failed
+        # is read as an unclaimed one.
+        self.holds, self._reads = holds, reads
+        self._let_go_at = time.monotonic() + hold_for
 
     def let_go(self) -> None:
         """Release the members' keys not published yet (the rest of the
         span is not produced: their readers read them)."""
         if self.holds is not None:
             self.holds.close()
+
+    def let_go_if_late(self) -> None:
+        """:meth:`let_go` once the keys have been held ``hold_for``
+        seconds: members produced in turn, each of which may wait for room,
+        keep the readers of those after them waiting no longer than that
+        (and one member's production)."""
+        if time.monotonic() > self._let_go_at:
+            self.let_go()
 
     def member_bytes(self, url: str, read: Callable[[str], bytes]) -> bytes:
         """The bytes of member ``url``, cut from the span's request that

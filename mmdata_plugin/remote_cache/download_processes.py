@@ -126,8 +126,7 @@ class ProcessDownloads:
     """
 
     def __init__(self, reader: RemoteReader, processes: int,
-                 max_inflight: int, room_wait: float,
-                 max_gap: int = 0) -> None:
+                 max_inflight: int, room_wait: float, max_gap: int) -> None:
         self.reader = reader
         self.max_gap = max_gap
         self.store = reader.store
@@ -464,12 +463,15 @@ def _download(reader: RemoteReader, room: _PlannerRoom, url: str, hint: int,
     path = reader.entry_path(url)
     if os.path.exists(path):
         return _size(path)
-    if span is not None and not span.holds.holds(digest):
-        return _BUSY  # another producer has it (see SharedSpan.claim)
+    if span is not None and span.holds is not None and not \
+            span.holds.holds(digest):
+        # Another producer has it, or the span let it go: the planner
+        # decides (it sends it again alone if it is still wanted).
+        return _BUSY
     # Reserved before taking the file's lock: a reader waiting for that
     # lock must not wait for the planner too. (A span's member is held
-    # already: its reader waits for this, as it waits for the span's read,
-    # and for no longer than the room wait, after which the span lets go.)
+    # already: its reader waits for this as for the span's read, bounded
+    # by SharedSpan.let_go_if_late.)
     reservation = room.reserve(url, hint)
     try:
         entry = reader.fetch_into(url, reservation, room.room_wait, wanted,
@@ -498,8 +500,10 @@ def _run_in_turn(reader: RemoteReader, room: _PlannerRoom, send,
             _run_job(reader, room, send, None, job_id, urls, hint)
         return
     span = SharedSpan(cover, max_gap)
-    with reader.claim(span, [url for job in jobs for url in job[1]]):
+    with reader.claimed(span, [url for job in jobs for url in job[1]],
+                        room.room_wait):
         for job_id, urls, hint, _ in jobs:
+            span.let_go_if_late()
             _run_job(reader, room, send, span, job_id, urls, hint)
 
 

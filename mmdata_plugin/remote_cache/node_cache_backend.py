@@ -18,6 +18,7 @@ Files are the ``'remote'`` namespace of a
 the store keeps the most recently read files.
 """
 import contextlib
+import logging
 import os
 import time
 from typing import (Any, Callable, Dict, Iterator, List, Optional, Tuple,
@@ -25,8 +26,8 @@ from typing import (Any, Callable, Dict, Iterator, List, Optional, Tuple,
 
 from mmengine.fileio import get_file_backend
 from mmengine.fileio.backends import BaseStorageBackend, register_backend
+from mmengine.logging import print_log
 
-from ..cache.key_locks import KeyHolds
 from ..cache.node_store import KeyNotHeld, NodeStore, Reservation, StoreEntry
 from ..remote.errors import RemoteCorruptError
 from ..remote.remote_backend import CORRUPT_ATTEMPTS
@@ -142,6 +143,7 @@ class RemoteReader:
         self.remote_args = dict(remote or {})
         self.size_hint = size_hint
         self._backends: Dict[str, BaseStorageBackend] = {}
+        self._unclaimed_said = False
 
     def remote(self, url: str) -> BaseStorageBackend:
         """The remote backend for ``url``."""
@@ -203,15 +205,44 @@ class RemoteReader:
         if span is not None and span.holds is not None:
             span.holds.let_go(self.entry_digest(url))
 
-    def claim(self, span: SharedSpan, urls: List[str]) -> KeyHolds:
+    @contextlib.contextmanager
+    def claimed(self, span: SharedSpan, urls: List[str],
+                hold_for: float) -> Iterator[None]:
         """Hold the keys of those of ``span``'s members ``urls`` that have
-        no entry and no other producer (see
-        :meth:`~.coalesced_reads.SharedSpan.claim`); close the holds when
-        the span's downloads end."""
-        holds = self.store.hold_keys(NAMESPACE, urls)
-        span.claim(holds, [
-            url for url in urls if holds.holds(self.entry_digest(url))])
-        return holds
+        no entry and no other producer, at most ``hold_for`` seconds (see
+        :meth:`~.coalesced_reads.SharedSpan.claim`), while the span's
+        downloads run in the block."""
+        try:
+            holds = self.store.hold_keys(NAMESPACE, urls)
+        except Exception as error:  # e.g. no file descriptor left
+            self._read_unclaimed(span, error)
+            yield
+            return
+        try:
+            try:
+                span.claim(holds, [
+                    url for url in urls
+                    if holds.holds(self.entry_digest(url))
+                ], hold_for)
+            except Exception as error:
+                holds.close()
+                self._read_unclaimed(span, error)
+            yield
+        finally:
+            holds.close()
+
+    def _read_unclaimed(self, span: SharedSpan, error: Exception) -> None:
+        """The span is read and produced as before claims (right bytes; a
+        reader reaching a member first may read it again): better than
+        losing its downloads. Said once per process."""
+        if self._unclaimed_said:
+            return
+        self._unclaimed_said = True
+        print_log(
+            f'Could not hold the keys of the coalesced request {span.path} '
+            f'({error!r}); it is read without them.',
+            logger='current',
+            level=logging.WARNING)
 
     def fetch_into(self,
                    url: str,

@@ -110,8 +110,9 @@ class NodePrefetcher:
         min_lead (int): Ticks downloaded ahead beyond ``readahead`` before
             any rate is measured.
         download_processes (int): Processes forked to download (see
-            :mod:`.download_processes`) when one's CPU is not enough; 1
-            downloads on threads of this process.
+            :mod:`.download_processes`): the plan's work and the
+            downloads' then hold different interpreter locks; 1 downloads
+            on threads of this process (the hook's default is 2).
         coalesce (CoalesceLimits, optional): Limits of the requests that
             fetch neighbouring tar members of a round at once (a group
             counts as one request against ``max_inflight``); None fetches
@@ -910,8 +911,9 @@ class NodePrefetcher:
                 self._download(*download)
             return
         urls = [url for download in downloads for url in download[1]]
-        with self.reader.claim(span, urls):
+        with self.reader.claimed(span, urls, _ROOM_WAIT):
             for download in downloads:
+                span.let_go_if_late()
                 self._download(*download)
 
     def _download(self, sample: int, urls: List[str], size: int,

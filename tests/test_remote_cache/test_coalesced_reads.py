@@ -3,6 +3,7 @@ range GET of the span covering them, each member's entry cut from it."""
 import os
 import os.path as osp
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -251,8 +252,8 @@ def test_a_reader_waits_for_the_span_holding_its_member(shards, tmp_path):
         claimed = threading.Event()
 
         def produce_span():
-            with prefetch.claim(span, paths) as holds:
-                assert len(holds.held()) == 4
+            with prefetch.claimed(span, paths, 30):
+                assert len(span.holds.held()) == 4
                 claimed.set()
                 for path in paths:
                     with prefetch.fetch(path, span=span):
@@ -292,8 +293,8 @@ def test_a_span_reads_only_the_members_no_one_has(shards, tmp_path, across):
         srv.reset_stats()
         span = _span_of(paths, max_gap)
         with key_locked_elsewhere(store, prefetch.entry_digest(paths[5])):
-            with prefetch.claim(span, paths) as holds:
-                assert len(holds.held()) == 4
+            with prefetch.claimed(span, paths, 30):
+                assert len(span.holds.held()) == 4
                 for path in paths[:5]:
                     with prefetch.fetch(path, span=span) as entry:
                         assert read_file(entry.path) == member_bytes(shards)(
@@ -307,3 +308,53 @@ def test_a_span_reads_only_the_members_no_one_has(shards, tmp_path, across):
         if not across:  # the present member's bytes are not read again
             assert all(end <= members[2].start or start >= ends[2]
                        for start, end in read)
+
+
+def test_a_span_lets_its_keys_go_once_held_too_long(shards, tmp_path):
+    # Members produced in turn may each wait for room: past hold_for the
+    # span lets the keys it still holds go, and their readers read.
+    with LoopbackHTTPServer(shards, latency=0.002) as srv:
+        paths = _one_shard(srv, tmp_path, 3)
+        store = NodeStore(str(tmp_path / 'cache'), 1 << 20)
+        prefetch = RemoteReader(store)
+        span = _span_of(paths, LIMITS.max_gap)
+        last = prefetch.entry_digest(paths[2])
+        with prefetch.claimed(span, paths, 0.2):
+            span.let_go_if_late()
+            assert span.holds.holds(last)
+            time.sleep(0.3)
+            span.let_go_if_late()
+            assert not span.holds.holds(last)
+            with store._key_lock(last, blocking=False) as locked:
+                assert locked  # a reader gets it at once
+            with pytest.raises(DownloadNotWanted):
+                prefetch.fetch(paths[2], span=span)
+
+
+@pytest.mark.parametrize('failing', ['hold_keys', 'claim'])
+def test_a_span_whose_keys_cannot_be_held_is_read_as_before(
+        shards, tmp_path, monkeypatch, failing):
+    # No file descriptor left (say): the span is read unclaimed, every
+    # member right, no key left locked.
+    with LoopbackHTTPServer(shards, latency=0.002,
+                            log_downloads=True) as srv:
+        paths = _one_shard(srv, tmp_path, 3)
+        store = NodeStore(str(tmp_path / 'cache'), 1 << 20)
+        prefetch = RemoteReader(store)
+        span = _span_of(paths, LIMITS.max_gap)
+        target = store if failing == 'hold_keys' else span
+
+        def fail(*args, **kwargs):
+            raise OSError(24, 'Too many open files')
+
+        monkeypatch.setattr(target, failing, fail)
+        srv.reset_stats()
+        with prefetch.claimed(span, paths, 30):
+            assert span.holds is None
+            for path in paths:
+                with store._key_lock(prefetch.entry_digest(path),
+                                     blocking=False) as locked:
+                    assert locked
+                with prefetch.fetch(path, span=span) as entry:
+                    assert read_file(entry.path) == member_bytes(shards)(path)
+        assert len(srv.download_log()) == 1  # the whole span, once

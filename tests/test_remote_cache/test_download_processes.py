@@ -170,7 +170,7 @@ def _planner(cache_dir, pipe):
     """A planner's side of two download processes; sends their pids and
     waits to be killed."""
     store = NodeStore(cache_dir, 10 * SIZE)
-    downloads = ProcessDownloads(RemoteReader(store), 2, 4, 2.0)
+    downloads = ProcessDownloads(RemoteReader(store), 2, 4, 2.0, 0)
     downloads.poll(lambda sample, url: True)
     pipe.send([worker.pid for worker in downloads.workers])
     time.sleep(60)
