@@ -132,9 +132,10 @@ class SharedSpan:
 
     def let_go_if_late(self) -> None:
         """:meth:`let_go` once the keys have been held ``hold_for``
-        seconds: members produced in turn, each of which may wait for room,
-        keep the readers of those after them waiting no longer than that
-        (and one member's production)."""
+        seconds (the room wait): members produced in turn, each of which
+        may wait for room, keep the readers of those after them waiting no
+        longer than that (and one member's production); after a member
+        found no room, the rest are not tried."""
         if time.monotonic() > self._let_go_at:
             self.let_go()
 

@@ -518,8 +518,6 @@ def _run_job(reader: RemoteReader, room: _PlannerRoom, send,
         answer = ('ended', job_id, 'done', sizes)
     except CacheBudgetError:
         answer = ('ended', job_id, 'no_room', None)
-        if span is not None:  # the rest of the span: see _download's
-            span.let_go()
     except Exception as error:  # the planner warns; the reader reports
         answer = ('ended', job_id, 'failed',
                   (type(error).__name__, repr(error)))

@@ -948,11 +948,9 @@ class NodePrefetcher:
         except CacheBudgetError:
             # No room within _ROOM_WAIT (the budget holds what reads
             # before this one need): no body was read, its reader
-            # downloads it on demand, once; so do the readers of the rest
-            # of its span, rather than wait for as long each.
+            # downloads it on demand, once (and so do the readers of the
+            # rest of its span, let go by then: SharedSpan.let_go_if_late).
             no_room = True
-            if span is not None:
-                span.let_go()
         except Exception as failure:  # the reader's own read reports it
             error = (type(failure).__name__, repr(failure))
         self._finished(

@@ -23,6 +23,7 @@ from mmdata_plugin.remote_cache.coalesced_reads import (CoalesceLimits,
 from mmdata_plugin.remote_cache.node_cache_backend import (NAMESPACE,
                                                            DownloadNotWanted,
                                                            RemoteReader)
+from mmdata_plugin.remote_cache.prefetcher import _ROOM_WAIT
 from mmdata_plugin.sample_order import NodeStream, sample_order_of
 from mmdata_plugin.testing import LoopbackHTTPServer
 
@@ -358,3 +359,35 @@ def test_a_span_whose_keys_cannot_be_held_is_read_as_before(
                 with prefetch.fetch(path, span=span) as entry:
                     assert read_file(entry.path) == member_bytes(shards)(path)
         assert len(srv.download_log()) == 1  # the whole span, once
+
+
+def test_a_span_lets_the_rest_go_when_a_member_finds_no_room(
+        shards, tmp_path):
+    # The prefetcher's download of a span's first member waits the room
+    # wait for room in a full budget, in vain: the span lets the rest go
+    # rather than make their readers wait as long again, each.
+    with LoopbackHTTPServer(shards, latency=0.002) as srv:
+        dataset = TarShardDataset(
+            data_root=srv.url('tar/'), shards='train-000000.tar',
+            image_ext='bin', ann_ext='cls',
+            index_dir=str(tmp_path / 'index'), index_progress=False)
+        prefetcher, _, urls, _, _ = build(
+            tmp_path, count=PER_SHARD, limit=8 * SIZE, reserve=2 * SIZE,
+            urls=lambda sample: [dataset.get_data_info(sample)['img_path']],
+            coalesce=LIMITS)
+        paths = [urls(sample)[0] for sample in range(3)]
+        span = _span_of(paths, LIMITS.max_gap)
+        store = prefetcher.store
+        with store.reserve(store.limit, evict=False):  # nothing is free
+            began = time.monotonic()
+            prefetcher._download_in_turn([(sample, [paths[sample]], SIZE,
+                                           span) for sample in range(3)])
+            took = time.monotonic() - began
+        prefetcher.close()
+    assert prefetcher.stats['no_room'] == 1  # the others were not tried
+    assert took < 2 * _ROOM_WAIT  # not one room wait per member
+    for path in paths:
+        assert store.lookup(NAMESPACE, path) is None
+        with store._key_lock(prefetcher.reader.entry_digest(path),
+                             blocking=False) as locked:
+            assert locked
