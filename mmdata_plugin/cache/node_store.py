@@ -538,10 +538,10 @@ class NodeStore:
         whose room another process may make (the node prefetcher's
         download processes), which must not hold the key's lock while it
         waits for that (one that holds it already, ``holds``, bounds how
-        long: the key's readers wait as long). A write that outgrows the reservation waits
-        ``wait`` seconds for room; a ``produce`` that raises leaves the
-        reservation to the caller (for another try). ``holds`` as for
-        :meth:`get_or_produce`.
+        long: the key's readers wait as long). A write that outgrows the
+        reservation waits ``wait`` seconds for room; a ``produce`` that
+        raises leaves the reservation to the caller (for another try).
+        ``holds`` as for :meth:`get_or_produce`.
 
         Returns None, producing nothing, when another process was
         producing the key and left no entry, or, given ``holds``, when the
@@ -551,24 +551,24 @@ class NodeStore:
         """
         digest = self._digest(namespace, key)
         path = self._entry_path(namespace, digest)
-        if holds is not None and holds.holds(digest):  # its lock is had
-            return self._produce_free(namespace, key, digest, produce,
-                                      reservation, wait)
-        if holds is None:
-            with self._key_lock(digest, blocking=False) as free:
-                if free:
-                    return self._produce_free(namespace, key, digest,
-                                              produce, reservation, wait)
-            with self._key_lock(digest):
-                reservation.release()
-                if os.path.exists(path):
-                    self._counters.add(namespace, 'waited')
-                    return StoreEntry(path, admitted=True)
+        if holds is not None:
+            if holds.holds(digest):  # its lock is had
+                return self._produce_free(namespace, key, digest, produce,
+                                          reservation, wait)
+            reservation.release()
+            if os.path.exists(path):
+                self._hit(namespace, digest)
+                return StoreEntry(path, admitted=True)
             return None
-        reservation.release()
-        if os.path.exists(path):
-            self._hit(namespace, digest)
-            return StoreEntry(path, admitted=True)
+        with self._key_lock(digest, blocking=False) as free:
+            if free:
+                return self._produce_free(namespace, key, digest, produce,
+                                          reservation, wait)
+        with self._key_lock(digest):
+            reservation.release()
+            if os.path.exists(path):
+                self._counters.add(namespace, 'waited')
+                return StoreEntry(path, admitted=True)
         return None
 
     def _produce_free(self, namespace: str, key: str, digest: str, produce,
