@@ -547,16 +547,34 @@ class DataLoaderMonitor:
         points it completes."""
         if not len(steps):
             return
-        columns = StepColumns(steps)
+        # Converted once, for the books and the timeline alike.
+        rows = steps.rows()
+        columns = StepColumns(steps, rows)
         for book in (self._total, self._window):
             book.add_columns(columns)
         self.booked_totals = self._total.sums()
-        pending = self._point_steps
-        pending.extend(steps)
-        whole = len(pending) // self.timeline_every * self.timeline_every
-        if whole:
-            self._point_steps = pending.part(whole, len(pending))
-            self._close_points(pending.part(0, whole))
+        self._add_point_steps(steps, rows)
+
+    def _add_point_steps(self, steps: StepLog, rows: np.ndarray) -> None:
+        """Make the timeline points that a run of counted steps (``rows``:
+        its rows) completes; hold the steps of the next one.
+
+        Only the held steps (fewer than a point's) are converted again,
+        not the run, nor are its numbers copied into the held log.
+        """
+        held, every = self._point_steps, self.timeline_every
+        first = len(held)
+        whole = (first + len(steps)) // every * every
+        if not whole:
+            held.extend(steps)
+            return
+        if first:
+            rows = np.concatenate((held.rows(), rows))
+        records = held.records + [(first + row, record)
+                                  for row, record in steps.records
+                                  if first + row < whole]
+        self._point_steps = steps.part(whole - first, len(steps))
+        self._close_points(rows[:whole], records)
 
     def _book_here(self) -> None:
         """Book what is counted, unless the books live on another
@@ -572,52 +590,53 @@ class DataLoaderMonitor:
         self._book_here()
         return self._timeline
 
-    def _close_points(self, steps: StepLog) -> None:
-        """The timeline points of ``steps`` (``timeline_every`` of them per
-        point, whole points only).
+    def _close_points(self, rows: np.ndarray, records: list) -> None:
+        """The timeline points of steps' ``rows`` (``timeline_every`` of
+        them per point, whole points only), with their kept ``records``
+        (``(row, record)``, as :attr:`StepLog.records`).
 
         Made from those steps themselves, not from the books, which hold
         only sums over all steps.
         """
         every = self.timeline_every
-        rows = steps.rows()
         points = len(rows) // every
         by_point = rows.reshape(points, every, -1)
         compute = by_point[:, :, COMPUTE]
-        computes = np.maximum((~np.isnan(compute)).sum(axis=1), 1)
+        # (np.nansum's own way, without its copies and checks)
+        known = ~np.isnan(compute)
+        computes = np.maximum(known.sum(axis=1), 1)
         with_record = ~np.isnan(by_point[:, :, START])
         batches = np.maximum(with_record.sum(axis=1), 1)
         figures = zip(
             (1e3 * by_point[:, :, WAIT].sum(axis=1) / every).tolist(),
-            (1e3 * np.nansum(compute, axis=1) / computes).tolist(),
+            (1e3 * np.where(known, compute, 0.0).sum(axis=1) /
+             computes).tolist(),
             (1e3 * np.where(with_record, worker_times(by_point), 0.0).sum(
                 axis=1) / batches).tolist(),
             (1e3 * np.where(with_record, transfer_times(by_point), 0.0).sum(
                 axis=1) / batches).tolist(),
             rows[every - 1::every, INDEX].tolist())
         timed = [[] for _ in range(points)]
-        for row, record in steps.records:
+        for row, record in records:
             if is_timed(record):
                 timed[row // every].append(record['stages'])
-        for (wait, compute_ms, worker, transfer_ms,
-             index), stages in zip(figures, timed):
-            self._add_point(
-                dict(
-                    step=int(index),
-                    steps=every,
-                    wait=wait,
-                    compute=compute_ms,
-                    worker=worker,
-                    transfer=transfer_ms,
-                    timed=len(stages),
-                    stages=self._point_stage_means(stages)))
+        self._add_points([{
+            'step': int(index),
+            'steps': every,
+            'wait': wait,
+            'compute': compute_ms,
+            'worker': worker,
+            'transfer': transfer_ms,
+            'timed': len(stages),
+            # none without a timed batch
+            'stages': self._point_stage_means(stages) if stages else {}
+        } for (wait, compute_ms, worker, transfer_ms, index), stages in zip(
+            figures, timed)])
 
     def _point_stage_means(self, timed: List[dict]) -> dict:
-        """A point's stage means (ms) over its timed batches' stages: 0.0
-        for a stage seen in an earlier point that these did not run, none
-        without a timed batch."""
-        if not timed:
-            return {}
+        """A point's stage means (ms) over its timed batches' stages (at
+        least one): 0.0 for a stage seen in an earlier point that these
+        did not run."""
         stages = self._point_stages
         totals = dict.fromkeys(stages, 0.0)
         for record_stages in timed:
@@ -628,11 +647,15 @@ class DataLoaderMonitor:
                 totals[key] += seconds
         return {key: 1e3 * total / len(timed) for key, total in totals.items()}
 
-    def _add_point(self, point: dict) -> None:
-        self._timeline.append(point)
-        if len(self._timeline) > self.max_timeline_points:
-            self._timeline = _merge_pairs(self._timeline)
-        self.new_points.append(point)
+    def _add_points(self, points: List[dict]) -> None:
+        """Add points to the timeline one by one (it is halved whenever
+        it grows beyond ``max_timeline_points``) and queue them."""
+        timeline = self._timeline
+        for point in points:
+            timeline.append(point)
+            if len(timeline) > self.max_timeline_points:
+                timeline = self._timeline = _merge_pairs(timeline)
+        self.new_points.extend(points)
 
     def summary(self, book: Optional[StatsBook] = None) -> dict:
         """This process's figures as plain data (one ``ranks`` entry).

@@ -242,10 +242,14 @@ class StepColumns:
 
     Args:
         log (StepLog): The run's steps.
+        rows (np.ndarray, optional): ``log.rows()``, when the caller has
+            them already.
     """
 
-    def __init__(self, log: StepLog) -> None:
-        rows = log.rows()
+    def __init__(self, log: StepLog, rows: Optional[np.ndarray] = None
+                 ) -> None:
+        if rows is None:
+            rows = log.rows()
         compute = rows[:, COMPUTE]
         self.wait = Series(rows[:, WAIT])
         self.compute = Series(compute[~np.isnan(compute)])
@@ -271,28 +275,30 @@ class StepColumns:
         made = [(row, record) for row, record in log.records
                 if 'node' in record]
         made_records = [record for _, record in made]
-        self.workers = self._by('worker', rows[:, WORKER].tolist(), figures,
-                                made_records)
+        workers = rows[:, WORKER]
+        self.workers = self._by('worker', workers, _first_seen(workers),
+                                figures, made_records)
         # Per node: the actors' batches (a local worker's beside them, with
         # RayDataNodesHook(local_workers=True), is on no node).
         self.nodes = {}
         if made:
             positions = np.cumsum(with_record)[[row for row, _ in made]] - 1
+            nodes = [record['node'] for record in made_records]
             self.nodes = self._by(
-                'node', [record['node'] for record in made_records],
+                'node', np.asarray(nodes), list(dict.fromkeys(nodes)),
                 tuple(figure[positions] for figure in figures), made_records)
 
-    def _by(self, key: str, groups: list, figures: tuple,
-            made: List[dict]) -> Dict[Any, WorkerRun]:
+    def _by(self, key: str, groups: np.ndarray, distinct: list,
+            figures: tuple, made: List[dict]) -> Dict[Any, WorkerRun]:
         """The figures (pids, worker time, transfer, slack, CPU per batch)
         grouped by ``groups`` (the ``key`` of each batch's record: its
-        worker, or its Ray node); ``made``: the Ray data actors' records,
-        for where they made their batches."""
+        worker, or its Ray node; ``distinct``: their values in the order
+        they first come); ``made``: the Ray data actors' records, for
+        where they made their batches."""
         pids, worker_time, transfer, slack, cpu = figures
-        groups_array = np.asarray(groups)
         runs = {}
-        for group in dict.fromkeys(groups):
-            mine = groups_array == group
+        for group in distinct:
+            mine = groups == group
             name = int(group) if key == 'worker' else group
             runs[name] = WorkerRun(
                 set(pids[mine].astype(np.int64).tolist()),
@@ -302,6 +308,14 @@ class StepColumns:
                 float(cpu[mine].sum()),
                 *_made_where([r for r in made if r[key] == name]))
         return runs
+
+
+def _first_seen(values: np.ndarray) -> list:
+    """The distinct ``values`` in the order they first come: a run's few
+    workers found by numpy's sort, not by a ``dict.fromkeys`` of each
+    batch's (a Python float made and hashed per batch)."""
+    distinct, first = np.unique(values, return_index=True)
+    return distinct[np.argsort(first)].tolist()
 
 
 class WorkerStats:

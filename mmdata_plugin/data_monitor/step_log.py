@@ -1,4 +1,5 @@
 """Counted steps kept until they are booked, without an object per step."""
+import struct
 from typing import Optional
 
 import numpy as np
@@ -90,8 +91,16 @@ class StepLog:
                 sums[key] = sums.get(key, 0.0) + seconds
 
     def rows(self) -> np.ndarray:
-        """The rows as a ``(steps, WIDTH)`` array."""
-        return np.array(self.values, dtype=np.float64).reshape(-1, WIDTH)
+        """The rows as a ``(steps, WIDTH)`` array.
+
+        Packed by ``struct`` (each number converted by one C call) rather
+        than by ``np.array`` of the list, which inspects every item's type
+        and shape first: about half the booking thread's instructions per
+        step went there. The same doubles either way.
+        """
+        values = self.values
+        packed = struct.pack(f'{len(values)}d', *values)
+        return np.frombuffer(packed, dtype=np.float64).reshape(-1, WIDTH)
 
     def part(self, first: int, last: int) -> 'StepLog':
         """Steps ``first`` to ``last`` (excluded), as a log of their own;
