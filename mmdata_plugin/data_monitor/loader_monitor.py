@@ -218,7 +218,7 @@ class DataLoaderMonitor:
             settle_iters = max(1, (dataloader.prefetch_factor or 0) *
                                dataloader.num_workers)
         self.settle_iters = settle_iters
-        self.timeline_every = timeline_every
+        self._timeline_every = timeline_every
         self.max_timeline_points = max_timeline_points
         self.manual_steps = manual_steps
         self.count_restarts = count_restarts
@@ -274,6 +274,12 @@ class DataLoaderMonitor:
     @property
     def installed(self) -> bool:
         return self._base_class is not None
+
+    @property
+    def timeline_every(self) -> int:
+        """Counted steps per timeline point, fixed at construction: the
+        steps held for the next point are always fewer than one point's."""
+        return self._timeline_every
 
     @property
     def counted_steps(self) -> int:
@@ -628,7 +634,7 @@ class DataLoaderMonitor:
             'worker': worker,
             'transfer': transfer_ms,
             'timed': len(stages),
-            # none without a timed batch
+            # (a point without a timed batch has no stage figures, not 0.0)
             'stages': self._point_stage_means(stages) if stages else {}
         } for (wait, compute_ms, worker, transfer_ms, index), stages in zip(
             figures, timed)])

@@ -275,29 +275,28 @@ class StepColumns:
         made = [(row, record) for row, record in log.records
                 if 'node' in record]
         made_records = [record for _, record in made]
-        workers = rows[:, WORKER]
-        self.workers = self._by('worker', workers, _first_seen(workers),
-                                figures, made_records)
+        self.workers = self._by('worker', rows[:, WORKER], figures,
+                                made_records)
         # Per node: the actors' batches (a local worker's beside them, with
         # RayDataNodesHook(local_workers=True), is on no node).
         self.nodes = {}
         if made:
             positions = np.cumsum(with_record)[[row for row, _ in made]] - 1
-            nodes = [record['node'] for record in made_records]
+            nodes = np.asarray([record['node'] for record in made_records])
             self.nodes = self._by(
-                'node', np.asarray(nodes), list(dict.fromkeys(nodes)),
-                tuple(figure[positions] for figure in figures), made_records)
+                'node', nodes, tuple(figure[positions] for figure in figures),
+                made_records)
 
-    def _by(self, key: str, groups: np.ndarray, distinct: list,
-            figures: tuple, made: List[dict]) -> Dict[Any, WorkerRun]:
+    def _by(self, key: str, groups: np.ndarray, figures: tuple,
+            made: List[dict]) -> Dict[Any, WorkerRun]:
         """The figures (pids, worker time, transfer, slack, CPU per batch)
         grouped by ``groups`` (the ``key`` of each batch's record: its
-        worker, or its Ray node; ``distinct``: their values in the order
-        they first come); ``made``: the Ray data actors' records, for
-        where they made their batches."""
+        worker, or its Ray node), in the order the groups first come;
+        ``made``: the Ray data actors' records, for where they made their
+        batches."""
         pids, worker_time, transfer, slack, cpu = figures
         runs = {}
-        for group in distinct:
+        for group in _first_seen(groups):
             mine = groups == group
             name = int(group) if key == 'worker' else group
             runs[name] = WorkerRun(
@@ -312,8 +311,8 @@ class StepColumns:
 
 def _first_seen(values: np.ndarray) -> list:
     """The distinct ``values`` in the order they first come: a run's few
-    workers found by numpy's sort, not by a ``dict.fromkeys`` of each
-    batch's (a Python float made and hashed per batch)."""
+    workers (or nodes) found by numpy's sort, not by a ``dict.fromkeys``
+    of each batch's (a Python object made and hashed per batch)."""
     distinct, first = np.unique(values, return_index=True)
     return distinct[np.argsort(first)].tolist()
 

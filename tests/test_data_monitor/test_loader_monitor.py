@@ -19,6 +19,7 @@ from mmdata_plugin.data_monitor import (DataLoaderMonitor, format_report,
                                         measure_dataloader, probes)
 from mmdata_plugin.data_monitor.loader_monitor import (_merge_pairs,
                                                        loader_context)
+from mmdata_plugin.data_monitor.step_log import StepLog
 from mmdata_plugin.data_monitor.worker_timing import (ACCUMULATOR,
                                                       MonitoredBatch,
                                                       TimedCollate,
@@ -144,6 +145,81 @@ def test_books_kept_on_another_thread_count_what_inline_books_count(
     assert [p['step'] for p in monitors[1].new_points] == list(
         range(7, 389, 7))
     assert monitors[1].booked_totals[0] == 389
+
+
+def _synthetic_steps(count: int) -> list:
+    """Arguments of ``StepLog.append`` for ``count`` steps: no record,
+    untimed, timed (with stages) and Ray data actors' records (with their
+    node), a compute time unknown now and then."""
+    steps = []
+    for index in range(count):
+        requested = 100 + 0.03 * index
+        kind = index % 5
+        record = None
+        if kind:
+            start = requested - 0.001 * (index % 7)
+            record = dict(
+                pid=1000 + index % 3,
+                worker=index % 4 - 1,
+                samples=1 + index % 8,
+                start=start,
+                end=start + 0.002 * (1 + index % 5),
+                cpu=0.0005 * (index % 9),
+                timed=kind == 2)
+            if kind == 2:
+                record.update(
+                    stages={'decode': 0.001 * (index % 3), 'io': 0.0002},
+                    drops={},
+                    refetch_time=0.0)
+            if kind == 4:
+                node = f'node{index % 3}'
+                record.update(node=node, host=f'host{node}', ip='10.0.0.1',
+                              bytes=1000 + index)
+        compute = None if index % 6 == 0 else 0.01 + 0.0001 * index
+        steps.append((0.001 * (index % 4), compute, record, requested,
+                      requested + 0.001 * (index % 4), None, index))
+    return steps
+
+
+def _rounded(value):
+    if isinstance(value, float):
+        return float(f'{value:.12g}')
+    if isinstance(value, dict):
+        return {key: _rounded(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_rounded(item) for item in value]
+    return value
+
+
+def test_books_and_timeline_do_not_depend_on_how_steps_are_grouped():
+    # Steps come to the books in runs whose size depends on the hand-over
+    # rate; the steps held for the next timeline point are carried from
+    # one run to the next.
+    steps = _synthetic_steps(300)
+
+    def booked(run_sizes):
+        monitor = DataLoaderMonitor(
+            DataLoader(list(range(4))), timeline_every=7,
+            max_timeline_points=5)
+        first = 0
+        for size in run_sizes:
+            log = StepLog()
+            for step in steps[first:first + size]:
+                log.append(*step)
+            monitor._book(log)
+            first += size
+        assert first == len(steps)
+        # The books' sums are added run by run: the same to 12 digits.
+        return (_rounded(monitor.summary()), list(monitor.new_points),
+                monitor._point_steps.values)
+
+    one_by_one = booked([1] * 300)
+    assert one_by_one[0]['steps'] == 300
+    assert one_by_one[0]['nodes'] and len(one_by_one[0]['workers']) == 4
+    for sizes in ([300], [0, 3, 4, 7, 13, 64, 0, 209], [6, 1, 100, 193]):
+        assert booked(sizes) == one_by_one, sizes
+    with pytest.raises(AttributeError):
+        DataLoaderMonitor(DataLoader([0])).timeline_every = 3
 
 
 def test_steps_held_for_booking_leave_the_garbage_collector_nothing():
