@@ -212,24 +212,21 @@ class RemoteReader:
         no entry and no other producer, at most ``hold_for`` seconds (see
         :meth:`~.coalesced_reads.SharedSpan.claim`), while the span's
         downloads run in the block."""
+        holds = None
         try:
             holds = self.store.hold_keys(NAMESPACE, urls)
+            span.claim(holds, [
+                url for url in urls if holds.holds(self.entry_digest(url))
+            ], hold_for)
         except Exception as error:  # e.g. no file descriptor left
-            self._read_unclaimed(span, error)
-            yield
-            return
-        try:
-            try:
-                span.claim(holds, [
-                    url for url in urls
-                    if holds.holds(self.entry_digest(url))
-                ], hold_for)
-            except Exception as error:
+            if holds is not None:  # before the downloads: no reader waits
                 holds.close()
-                self._read_unclaimed(span, error)
+            self._read_unclaimed(span, error)
+        try:
             yield
         finally:
-            holds.close()
+            if holds is not None:
+                holds.close()
 
     def _read_unclaimed(self, span: SharedSpan, error: Exception) -> None:
         """The span is read and produced as before claims (right bytes; a
