@@ -305,10 +305,10 @@ def ours_prefetch(dataset, sampler, backend_args: dict, epochs: int,
     writer = CursorWriter(cache_dir, rank, token[0])
     writer.publish(0, 0)
     process = None
-    # The hook's defaults (download processes, coalescing limits), as a
-    # user's config block gets them.
-    hook = RemoteCachePrefetchHook(**(coalesce or {}))
     if local_rank == 0:
+        # The hook's defaults (download processes, coalescing limits), as
+        # a user's config block gets them.
+        hook = RemoteCachePrefetchHook(**(coalesce or {}))
         stream = NodeStream(
             sample_order_of(BatchSampler(sampler, batch_size, False),
                             world_size), world_size, rank, local_size)
