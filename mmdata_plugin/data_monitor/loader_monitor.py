@@ -20,6 +20,7 @@ import os
 import socket
 import time
 from collections import deque
+from functools import partial
 from typing import Callable, List, Optional, Tuple
 
 import numpy as np
@@ -32,7 +33,7 @@ from ..utils.dataloader_slots import (dataloader_class_with_iter,
 from ..utils.started_iterators import (restart_started_iterator,
                                        shutdown_persistent_iterator)
 from .instrument import LoaderInstrumentation
-from .statistics import StatsBook, StepColumns
+from .statistics import SampleBuffer, StatsBook, StepColumns
 from .step_log import (COMPUTE, INDEX, START, WAIT, StepLog, is_timed,
                        transfer_times, worker_times)
 from .verdict import build_report
@@ -46,20 +47,23 @@ _perf_counter = time.perf_counter
 #: call that books one longer.
 BOOK_EVERY = 64
 #: Steps per run booked on another thread (:meth:`book_on`), which lets
-#: the GIL go between runs. A run costs a few dozen numpy calls whatever
-#: its length (cold, ~0.2 ms): 4-7 us a step in runs of 256-1024 against
-#: 8-10 in runs of 64, on this machine's demo; a run of 256 holds the GIL
-#: for about a millisecond.
-BOOK_RUN = 256
+#: the GIL go between runs. The training thread runs between two runs and
+#: cools the caches again: a run costs a few dozen numpy calls whatever
+#: its length, cold. Booked between 5 ms of JPEG decoding, as a training
+#: thread's, 3.5 us a step in runs of 256, 2.0 in runs of 1024, 1.5 in
+#: runs of 4096; a run of 1024 holds the GIL for ~2 ms (under the 5 ms
+#: after which a waiting thread takes it anyway).
+BOOK_RUN = 1024
 #: Booked on another thread (:meth:`DataLoaderMonitor.book_on`), steps are
-#: handed over after about this many seconds of them, at most
+#: handed over after about this many seconds of them by default, at most
 #: ``HAND_OVER_MOST``: each time that thread wakes it books with cold CPU
 #: caches, and on a virtual machine with cold page walks too (1-2 ms per
 #: wake measured, ~28 us a step when woken every 64 steps), so it wakes
 #: seldom. The timeline's points are made when their steps are booked, so
 #: they reach the visualizer up to this late.
 HAND_OVER_SECONDS = 10.0
-HAND_OVER_MOST = 4096
+#: (~330 bytes a step: 16,384 are ~5 MB, 30 s of steps at 550 a second)
+HAND_OVER_MOST = 16384
 
 
 class _TimedIterator:
@@ -282,6 +286,12 @@ class DataLoaderMonitor:
         return self._timeline_every
 
     @property
+    def hand_over_seconds(self) -> float:
+        """About how many seconds of counted steps are handed over at a
+        time to the thread of :meth:`book_on`."""
+        return self._hand_over_seconds
+
+    @property
     def counted_steps(self) -> int:
         """Steps measured so far (warm-up and settling not included)."""
         return self._counted
@@ -325,6 +335,7 @@ class DataLoaderMonitor:
         self._submit: Optional[Callable[..., None]] = None
         self._book_every = BOOK_EVERY
         self._most_unbooked = HAND_OVER_MOST
+        self._hand_over_seconds = HAND_OVER_SECONDS
         self._handed_at = 0.0
         #: :meth:`StatsBook.sums` of the steps booked so far: one tuple
         #: that any thread may read while another books.
@@ -488,7 +499,9 @@ class DataLoaderMonitor:
         return dict(zip(('steps', 'wait', 'compute', 'batches', 'worker'),
                         sums))
 
-    def book_on(self, submit: Optional[Callable[..., None]]) -> None:
+    def book_on(self,
+                submit: Optional[Callable[..., None]],
+                seconds: float = HAND_OVER_SECONDS) -> None:
         """Book the counted steps through ``submit(function, *args)``,
         which runs what it is handed in order on one other thread
         (DataMonitorHook's report writer), from now on: the training
@@ -497,11 +510,15 @@ class DataLoaderMonitor:
         thread (summarised there by the function of
         :meth:`deferred_summaries`, which books what was counted before it
         first, and needs no copy). None: book on the calling thread
-        again, once that thread has run all it was handed.
+        again, once that thread has run all it was handed. ``seconds``:
+        about how many seconds of steps are handed over at a time (at most
+        ``HAND_OVER_MOST`` steps), counted from the last time they were
+        taken, by a hand-over or by :meth:`deferred_summaries`.
         """
         if submit is not None and self._unbooked_steps:
             self._book_unbooked()  # the runs stay in order
         self._submit = submit
+        self._hand_over_seconds = seconds
         self._book_every = min(BOOK_EVERY if submit is None else 1,
                                self._most_unbooked)
         self._handed_at = _perf_counter()
@@ -525,17 +542,20 @@ class DataLoaderMonitor:
             self._book(steps)
             return
         self._submit(self._book_in_runs, steps)
-        now = _perf_counter()
-        rate = len(steps) / max(now - self._handed_at, 1e-9)
-        self._handed_at = now
-        self._book_every = max(
-            1,
-            min(self._most_unbooked, HAND_OVER_MOST,
-                int(rate * HAND_OVER_SECONDS)))
 
     def _take_unbooked(self) -> StepLog:
-        """The steps counted since the last hand-over; starts the next."""
+        """The steps counted since the last hand-over; starts the next,
+        due after about ``seconds`` (:meth:`book_on`) of steps at the rate
+        of these."""
         steps, self._unbooked = self._unbooked, StepLog()
+        now = _perf_counter()
+        if self._submit is not None:
+            rate = self._unbooked_steps / max(now - self._handed_at, 1e-9)
+            self._book_every = max(
+                1,
+                min(self._most_unbooked, HAND_OVER_MOST,
+                    int(rate * self._hand_over_seconds)))
+        self._handed_at = now
         self._unbooked_steps = 0
         return steps
 
@@ -706,20 +726,21 @@ class DataLoaderMonitor:
         """The summary of the book and timeline ``books()`` gives when
         called; the counts of this thread are copied now."""
         skipped, startup = self.skipped, self.startup.wait.copy()
+        return lambda: self._summary(*books(), skipped, startup)
 
-        def summarise() -> dict:
-            figures, timeline = books()
-            summary = figures.summary()
-            summary.update(
-                skipped=skipped,
-                startup=dict(count=startup.seen, wait=startup.describe()),
-                timeline=timeline,
-                # The loader's settings do not change while it is measured.
-                context=loader_context(self.dataloader),
-                pipelines=self.instrumentation.pipelines)
-            return summary
-
-        return summarise
+    def _summary(self, figures: StatsBook, timeline: list, skipped: int,
+                 startup: SampleBuffer) -> dict:
+        """A summary of ``figures``, with the counts and start-up waits
+        copied on the counting thread."""
+        summary = figures.summary()
+        summary.update(
+            skipped=skipped,
+            startup=dict(count=startup.seen, wait=startup.describe()),
+            timeline=timeline,
+            # The loader's settings do not change while it is measured.
+            context=loader_context(self.dataloader),
+            pipelines=self.instrumentation.pipelines)
+        return summary
 
     def take_window(self, deferred: bool = False):
         """The summary of the span since the last call; starts a new one.
@@ -747,25 +768,30 @@ class DataLoaderMonitor:
         counted up to this call, which it carries, and summarises the
         books uncopied. Nothing is handed over by this call, so the
         booking thread does not wake (and want the GIL) while the caller
-        goes on.
+        goes on; and the caller runs little code (a refresh comes seconds
+        after the last, with cold caches): the steps are taken and the
+        counts copied, nothing else.
         """
         if self._submit is None:
             total = self.deferred_summary()
             taken = self.take_window(deferred=True) if window else None
             return lambda: (total(), taken() if taken else None)
-        steps = self._take_unbooked()
-        whole = self._summariser(lambda: (self._total, list(self._timeline)))
-        span = self._summariser(self._swap_window) if window else None
+        return partial(self._book_and_summarise, self._take_unbooked(),
+                       window, self.skipped, self.startup.wait.copy())
 
-        def summarise() -> Tuple[dict, Optional[dict]]:
-            self._book_in_runs(steps)
-            return whole(), span() if span else None
-
-        return summarise
-
-    def _swap_window(self) -> Tuple[StatsBook, list]:
+    def _book_and_summarise(self, steps: StepLog, window: bool, skipped: int,
+                            startup: SampleBuffer
+                            ) -> Tuple[dict, Optional[dict]]:
+        """What :meth:`deferred_summaries` returns, on the books' thread:
+        book ``steps``, then summarise the whole run and (``window``) the
+        span since the last window, which starts a new one."""
+        self._book_in_runs(steps)
+        whole = self._summary(self._total, list(self._timeline), skipped,
+                              startup)
+        if not window:
+            return whole, None
         taken, self._window = self._window, StatsBook(capacity=1024)
-        return taken, []
+        return whole, self._summary(taken, [], skipped, startup)
 
     def report(self,
                rank_summaries: Optional[List[dict]] = None,

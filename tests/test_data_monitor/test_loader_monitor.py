@@ -254,6 +254,38 @@ def test_steps_held_for_booking_leave_the_garbage_collector_nothing():
     assert growth < 400  # a step's tuple and record before: 4,000
 
 
+def test_hand_overs_come_every_seconds_of_steps_since_the_last_take(
+        monkeypatch):
+    # DataMonitorHook's refreshes take the steps not handed over yet
+    # (deferred_summaries): each wake of the booking thread costs
+    # milliseconds with cold caches, so the next hand-over is due
+    # ``seconds`` of steps after the last take, whichever took them, at
+    # the rate of the steps taken then.
+    from mmdata_plugin.data_monitor import loader_monitor
+    clock = [0.0]
+    monkeypatch.setattr(loader_monitor, '_perf_counter', lambda: clock[0])
+    loader = DataLoader(list(range(1300)), batch_size=1)
+    monitor = DataLoaderMonitor(
+        loader, warmup_iters=0, settle_iters=0, manual_steps=True).install()
+    handed = []
+    iterator = iter(loader)
+    for step in range(1300):
+        next(iterator)
+        clock[0] += 1 / 128  # 128 steps a second, exact in binary
+        monitor.step(step)
+        if step == 20:
+            monitor.book_on(
+                lambda job, *args: handed.append((step, len(args[0]))),
+                seconds=2.0)
+        if step == 450:
+            monitor.deferred_summaries(window=False)
+    monitor.uninstall()
+    after = [(step, count) for step, count in handed if step > 450]
+    # Due 2 s after the take (the spacing from the last hand-over made
+    # the one after the next come sooner).
+    assert after == [(706, 256), (962, 256), (1218, 256)]
+
+
 def test_a_long_timeline_is_halved_by_weighted_means():
     # Figures weigh by steps, stage means by timed batches (a point of an
     # older report has no count: all its steps were timed); an odd point

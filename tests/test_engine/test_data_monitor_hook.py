@@ -17,6 +17,7 @@ from monitor_helpers import (SeedingDataset, SleepyCollate, SleepyDataset,
                              TupleCollate, train)
 from torch.utils.data import BatchSampler, DataLoader
 
+from mmdata_plugin.data_monitor.loader_monitor import HAND_OVER_SECONDS
 from mmdata_plugin.data_monitor.worker_timing import (TimedCollate,
                                                       TimedTransform)
 from mmdata_plugin.engine import DataMonitorHook, apply_data_monitor_env
@@ -486,6 +487,30 @@ def test_a_resumed_run_spaces_its_first_refresh_from_where_it_resumed(
         # 100 iterations (not 1,100) in 1 s: 50 intervals on (not 550).
         hook._space_refreshes(1099, 1.0)
         assert hook._next_table == 1600
+    finally:
+        hook.after_train(runner)
+
+
+@pytest.mark.parametrize('table_interval, table_min_seconds, seconds',
+                         [(10, 5, 15), (10, 0, HAND_OVER_SECONDS),
+                          (0, 5, HAND_OVER_SECONDS)])
+def test_refreshes_carry_the_steps_between_them(tmp_path, table_interval,
+                                                table_min_seconds, seconds):
+    # A refresh hands the writer the steps not handed over yet: with
+    # refreshes about every table_min_seconds, steps are handed over on
+    # their own only after three times that (each wake of the writer costs
+    # milliseconds with cold caches).
+    import logging
+    loader = DataLoader(list(range(8)), batch_size=2)
+    runner = _stand_in_runner(loader, logging.getLogger('dm_hand_over_test'),
+                              tmp_path)
+    hook = DataMonitorHook(
+        table_interval=table_interval,
+        table_min_seconds=table_min_seconds,
+        plot=False)
+    hook.before_train(runner)
+    try:
+        assert hook.monitor.hand_over_seconds == seconds
     finally:
         hook.after_train(runner)
 

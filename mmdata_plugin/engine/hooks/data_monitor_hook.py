@@ -21,6 +21,7 @@ from mmdata_plugin.data_monitor import (DataLoaderMonitor, build_report,
                                         plot_report, save_report)
 from mmdata_plugin.data_monitor.head_cache import (add_head_cache,
                                                    read_head_cache)
+from mmdata_plugin.data_monitor.loader_monitor import HAND_OVER_SECONDS
 from mmdata_plugin.data_monitor.remote_cache import add_remote_cache
 from mmdata_plugin.data_monitor.report_writer import ReportWriter
 from mmdata_plugin.data_monitor.worker_timing import MonitoredBatch
@@ -32,7 +33,7 @@ MONITOR_ENV = 'MMDATA_MONITOR'
 #: them locks the node store's ledger (beside the workers that write it),
 #: reclaims dead processes' counts and reads every process's counter file:
 #: 5-9 ms at steady state, half a refresh's cost, where refreshes come
-#: every ``table_min_seconds`` (10). The final report reads them afresh.
+#: every ``table_min_seconds`` (30). The final report reads them afresh.
 HEAD_CACHE_READ_EVERY = 60.0
 #: What the hook puts into the log line (message hub keys).
 LOG_SCALARS = ('train/dm_wait_time', 'train/dm_worker_time',
@@ -66,9 +67,11 @@ class DataMonitorHook(Hook):
     appends a row of numbers, and a refresh hands the rows not handed
     over yet to that thread (nothing is copied); it waits only when two
     refreshes are already pending. With fast steps they are spaced to about
-    ``table_min_seconds``: a refresh costs a few milliseconds, which
-    every ``table_interval`` iterations of 10 ms steps would be several
-    microseconds per sample for a table nobody reads every second. Files
+    ``table_min_seconds``: a refresh costs a few milliseconds (10-20 on a
+    virtual machine, whose caches and page tables have cooled since the
+    last one), which every ``table_interval`` iterations of 10 ms steps
+    would be several microseconds per sample for a table nobody reads
+    every second. Files
     are replaced atomically: a run that is killed leaves the last
     complete report; a single process that ends on an error finishes the
     pending refreshes first (for up to 10 s).
@@ -88,7 +91,7 @@ class DataMonitorHook(Hook):
             every rank refreshes at the same iterations; a forecast, so a
             span slowed by a validation can bring the next one sooner). The
             first refresh comes at ``table_interval``. 0: every
-            ``table_interval`` iterations. Defaults to 10.
+            ``table_interval`` iterations. Defaults to 30.
         warmup_iters (int): Steps not counted at the start. Defaults to 10.
         settle_iters (int, optional): Steps not counted after a restart,
             validation or checkpoint. Defaults to the batches in flight
@@ -109,7 +112,7 @@ class DataMonitorHook(Hook):
     def __init__(self,
                  interval: int = 50,
                  table_interval: int = 500,
-                 table_min_seconds: float = 10.0,
+                 table_min_seconds: float = 30.0,
                  warmup_iters: int = 10,
                  settle_iters: Optional[int] = None,
                  per_transform: bool = True,
@@ -195,7 +198,15 @@ class DataMonitorHook(Hook):
             exit_timeout=10.0 if get_world_size() == 1 else 0.0)
         # The books (and the timeline's points) are kept on the writer's
         # thread: a step only appends a row, and a refresh copies nothing.
-        self.monitor.book_on(self._writer.submit)
+        # A refresh hands over the steps not booked yet: with refreshes
+        # every ~table_min_seconds, hand-overs of their own would wake the
+        # writer as often again, each time with cold caches (milliseconds
+        # of CPU on a virtual machine); they only bound what waits when
+        # refreshes are rarer.
+        self.monitor.book_on(
+            self._writer.submit,
+            seconds=max(HAND_OVER_SECONDS, 3 * self.table_min_seconds)
+            if self.table_interval else HAND_OVER_SECONDS)
         # The writer gathers all ranks' figures beside training, whose own
         # collectives (DDP's all-reduce) use the default group: two
         # threads must not share a group.
@@ -409,8 +420,9 @@ class DataMonitorHook(Hook):
             return
         if self._logger_logs(runner, batch_idx):
             self._publish_interval(runner)
-        if not self.table_interval or not self.every_n_train_iters(
-                runner, self.table_interval):
+        # (Hook.every_n_train_iters written out: a call fewer per step)
+        if not self.table_interval or (runner.iter +
+                                       1) % self.table_interval:
             return
         if self._spaced < self._submitted:
             # Every rank must make the same choice (a refresh gathers all
