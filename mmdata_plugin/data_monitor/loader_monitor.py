@@ -60,9 +60,12 @@ BOOK_RUN = 1024
 #: caches, and on a virtual machine with cold page walks too (1-2 ms per
 #: wake measured, ~28 us a step when woken every 64 steps), so it wakes
 #: seldom. The timeline's points are made when their steps are booked, so
-#: they reach the visualizer up to this late.
+#: they reach the visualizer up to this late (DataMonitorHook: up to its
+#: refresh spacing, ``table_min_seconds``).
 HAND_OVER_SECONDS = 10.0
-#: (~330 bytes a step: 16,384 are ~5 MB, 30 s of steps at 550 a second)
+#: (~330 bytes a step: 16,384 are ~5 MB, 30 s of steps at 550 a second;
+#: faster steps are handed over between refreshes too, a wake for 16,384
+#: of them)
 HAND_OVER_MOST = 16384
 
 
@@ -548,6 +551,10 @@ class DataLoaderMonitor:
         due after about ``seconds`` (:meth:`book_on`) of steps at the rate
         of these."""
         steps, self._unbooked = self._unbooked, StepLog()
+        if not self._unbooked_steps:
+            # (a refresh right after a hand-over, or in settling steps:
+            # no rate to learn)
+            return steps
         now = _perf_counter()
         if self._submit is not None:
             rate = self._unbooked_steps / max(now - self._handed_at, 1e-9)
@@ -562,7 +569,7 @@ class DataLoaderMonitor:
     def _book_in_runs(self, steps: StepLog) -> None:
         """:meth:`_book` in runs of ``BOOK_RUN``, letting the GIL go
         between them: the training thread, which wants it back, waits for
-        one run (about a millisecond), not for the whole hand-over."""
+        one run (about two milliseconds), not for the whole hand-over."""
         for first in range(0, len(steps), BOOK_RUN):
             if first:
                 time.sleep(0)

@@ -15,8 +15,8 @@ class ReportWriter:
     Jobs run in the order given, so the collectives in them (the gathering
     of all ranks' figures) meet in the same order on every rank. A failing
     job is logged and the next one runs. At most ``max_pending`` jobs wait:
-    a writer that falls behind holds up :meth:`submit` (each job holds a
-    copy of the figures, so memory stays bounded) instead of dropping one,
+    a writer that falls behind holds up :meth:`submit` (each job holds
+    steps to book, so memory stays bounded) instead of dropping one,
     which a rank could not do alone without its peers waiting in the
     dropped job's collective.
 
@@ -38,6 +38,9 @@ class ReportWriter:
                  name: str = 'DataMonitorReportWriter',
                  max_pending: int = 2,
                  exit_timeout: float = 10.0) -> None:
+        if max_pending < 1:
+            raise ValueError(
+                f'ReportWriter needs max_pending >= 1, got {max_pending}')
         # Two C queues, not queue.Queue: submit runs on the training
         # thread seconds apart, with cold caches, and Queue.put runs some
         # forty lines of Python condition code (0.2-0.8 ms there on a
@@ -65,6 +68,8 @@ class ReportWriter:
 
     def flush(self) -> None:
         """Wait until the jobs handed over so far are done."""
+        if not self.thread.is_alive():  # closed: all of them ran
+            return
         done = threading.Event()
         self.submit(done.set)
         done.wait()

@@ -40,12 +40,12 @@ class StepLog:
     stage times only as sums.
 
     A step kept as a tuple with its record (a dict) was two objects the
-    garbage collector tracks, held until booked (up to ~10 s of steps with
-    the books on another thread): the young generation filled every ~350
-    steps, and each collection walked them with cold caches (1-4 ms a
-    collection on a virtual machine, more when they reached the older
-    generations), at the cost of whatever code allocated next. A row adds
-    no such object: its numbers are the step's and its record's own
+    garbage collector tracks, held until booked (up to tens of seconds of
+    steps with the books on another thread): the young generation filled
+    every ~350 steps, and each collection walked them with cold caches
+    (1-4 ms a collection on a virtual machine, more when they reached the
+    older generations), at the cost of whatever code allocated next. A row
+    adds no such object: its numbers are the step's and its record's own
     (references, not copies: cheaper than converting each into an
     ``array('d')``), and the record goes with its batch. (A Ray data
     actor's record is kept, for its node: one batch a step, large.)

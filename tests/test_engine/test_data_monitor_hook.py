@@ -494,8 +494,8 @@ def test_a_resumed_run_spaces_its_first_refresh_from_where_it_resumed(
 @pytest.mark.parametrize('table_interval, table_min_seconds, seconds',
                          [(10, 5, 15), (10, 0, HAND_OVER_SECONDS),
                           (0, 5, HAND_OVER_SECONDS)])
-def test_refreshes_carry_the_steps_between_them(tmp_path, table_interval,
-                                                table_min_seconds, seconds):
+def test_hand_over_seconds_follow_the_refresh_spacing(
+        tmp_path, table_interval, table_min_seconds, seconds):
     # A refresh hands the writer the steps not handed over yet: with
     # refreshes about every table_min_seconds, steps are handed over on
     # their own only after three times that (each wake of the writer costs

@@ -202,7 +202,8 @@ class DataMonitorHook(Hook):
         # every ~table_min_seconds, hand-overs of their own would wake the
         # writer as often again, each time with cold caches (milliseconds
         # of CPU on a virtual machine); they only bound what waits when
-        # refreshes are rarer.
+        # refreshes are rarer (or steps faster than HAND_OVER_MOST in a
+        # refresh spacing).
         self.monitor.book_on(
             self._writer.submit,
             seconds=max(HAND_OVER_SECONDS, 3 * self.table_min_seconds)
