@@ -113,6 +113,19 @@ def parse_args():
         default=64,
         help='batches per chunk of the steady-state measurement')
     parser.add_argument(
+        '--steady-seconds',
+        type=float,
+        default=60.0,
+        help='seconds of the uninterrupted monitored stretch whose hook and '
+        'writer CPU is the steady state accounted (refreshes come about '
+        'every 30 s with fast steps)')
+    parser.add_argument(
+        '--idle-seconds',
+        type=float,
+        default=3.0,
+        help='idle seconds before the small call that shows what code '
+        'untouched for seconds costs on this machine (0: skip)')
+    parser.add_argument(
         '--steady-warmup',
         type=int,
         default=4096,
@@ -124,7 +137,10 @@ def parse_args():
         nargs='+',
         action=DictAction,
         help='override settings of the demo config')
-    return parser.parse_args()
+    args = parser.parse_args()
+    if args.idle_seconds < 0 or args.steady_seconds < 0:
+        parser.error('--idle-seconds and --steady-seconds must be >= 0')
+    return args
 
 
 # ---------------------------------------------------------------- cheap case
@@ -337,6 +353,36 @@ def in_process(build: Callable[[int], DataLoader], args) -> dict:
         every=every)
 
 
+class _Idle:
+    """What :func:`idle_code_cost` calls: a class of its own, so that
+    nothing else runs its code."""
+
+    def __init__(self) -> None:
+        self.values, self.sums = [], {}
+
+
+def idle_code_cost(idle: float = 3.0, repeats: int = 3) -> Tuple[float,
+                                                                   float]:
+    """Thread CPU time (median of ``repeats``) of a small call (a new
+    object: a call, two containers) made after ``idle`` seconds in which
+    the process did nothing, and of the same call made again at once.
+
+    What code and data left untouched for seconds cost to reach again on
+    this machine: the hook's refreshes and hand-overs come seconds apart
+    and pay it. On a virtual machine whose host reclaims or migrates idle
+    pages it is hundreds of times the warm cost; that, more than the
+    hook's code, sets the refreshing call's time there.
+    """
+    first, again = [], []
+    for _ in range(repeats):
+        time.sleep(idle)
+        for spent in (first, again):
+            start = time.thread_time()
+            _Idle()
+            spent.append(time.thread_time() - start)
+    return statistics.median(first), statistics.median(again)
+
+
 def settle_sampling(iterator: Iterator, limit: int = 4096) -> int:
     """Read batches (at most ``limit``) until this process's sampling
     interval K has stayed the same for two of its periods; K."""
@@ -377,20 +423,28 @@ def paired_round(iterators: Dict[str, Iterator], modes: Tuple[str, str],
     return {m: spent[m] / taken[m] for m in modes}
 
 
+class _Recorder:
+    """Stands in for the monitor a timed iterator reports to, and keeps
+    what it receives."""
+
+    def __init__(self, monitor: DataLoaderMonitor) -> None:
+        self.monitor, self.recorded = monitor, []
+        self.add_trainer_stages = monitor.add_trainer_stages
+
+    def _on_batch(self, requested, received, record) -> None:
+        self.recorded.append((requested, received, record))
+        self.monitor._on_batch(requested, received, record)
+
+
 def record_batches(monitor: DataLoaderMonitor, iterator: Iterator,
                    batches: int) -> List[tuple]:
-    """What the monitor receives for the next ``batches`` batches (after
-    the measured rounds: recording is not the monitor's cost)."""
-    recorded = []
-    on_batch = monitor._on_batch
-
-    def record(requested, received, rec):
-        recorded.append((requested, received, rec))
-        on_batch(requested, received, rec)
-
-    monitor._on_batch = record
+    """What the monitor receives for the next ``batches`` batches of the
+    timed ``iterator`` (after the measured rounds: recording is not the
+    monitor's cost)."""
+    recorder = iterator._monitor = _Recorder(monitor)
     take(iterator, batches)
-    return recorded
+    iterator._monitor = monitor
+    return recorder.recorded
 
 
 def fetch_paths(build: Callable[[int], DataLoader],
@@ -573,7 +627,11 @@ def steady_state(build: Callable[[int], DataLoader], hook_args: dict,
     the run as over the chunks: (monitored - plain) summed over the
     rounds, per sample. Also the longest single ``after_train_iter`` call
     (wall time) after the ramp, the longest that refreshed, and the
-    garbage collections in the plain and the monitored chunks.
+    garbage collections in the plain and the monitored chunks. Then the
+    hook's own accounting (the thread CPU time inside its calls and its
+    writer thread's CPU time) over ``--steady-seconds`` of monitored
+    batches read without a break: the hook spaces its refreshes and
+    hand-overs in seconds, which the plain chunks would add to.
     """
     loaders = {m: build(0) for m in MODES}
     hook = DataMonitorHook(**dict(hook_args, plot=False))
@@ -633,9 +691,7 @@ def steady_state(build: Callable[[int], DataLoader], hook_args: dict,
         every = settle_sampling(iterators['monitored'], args.steady_warmup)
         hook._writer.flush()
         longest.update(call=0.0, refresh=0.0, refresh_cpu=0.0)
-        hook_cpu[0] = clock_cpu[0] = 0.0
         writer_clock = time.pthread_getcpuclockid(hook._writer.thread.ident)
-        writer_cpu = time.clock_gettime(writer_clock)
         refreshes = hook._submitted
         cpu = {m: [] for m in MODES}
         wall = {m: 0.0 for m in MODES}
@@ -654,7 +710,24 @@ def steady_state(build: Callable[[int], DataLoader], hook_args: dict,
             for mode in MODES:
                 cpu[mode].append(spent[mode])
         refreshes = hook._submitted - refreshes
+        # The accounting, over one uninterrupted monitored stretch: the
+        # hook spaces its refreshes and hand-overs in seconds, and in the
+        # rounds above the plain chunks' seconds count as the monitored
+        # steps', which doubled its refreshes per monitored sample. (The
+        # steps not booked when it starts are booked in it, those not
+        # booked when it ends are not: alike, on average.)
+        hook_cpu[0] = clock_cpu[0] = 0.0
+        writer_cpu = time.clock_gettime(writer_clock)
+        stretch = dict(refreshes=hook._submitted, samples=0)
+        start = time.perf_counter()
+        while True:
+            stretch['samples'] += take(iterators['monitored'],
+                                       args.steady_batches)
+            if time.perf_counter() - start >= args.steady_seconds:
+                break
+        hook._writer.flush()
         writer_cpu = time.clock_gettime(writer_clock) - writer_cpu
+        stretch['refreshes'] = hook._submitted - stretch['refreshes']
     finally:
         collections.close()
         hook.after_train(runner)
@@ -672,9 +745,11 @@ def steady_state(build: Callable[[int], DataLoader], hook_args: dict,
         cpu_us=1e6 * (sum(cpu['monitored']) / samples['monitored'] -
                       sum(cpu['plain']) / samples['plain']),
         spread=quartiles([1e6 * c for c in per_round], '{:+.2f}'),
-        hook_us=1e6 * (hook_cpu[0] - clock_cpu[0]) / samples['monitored'],
-        clock_us=1e6 * clock_cpu[0] / samples['monitored'],
-        writer_us=1e6 * writer_cpu / samples['monitored'],
+        stretch_batches=stretch['samples'] // loaders['plain'].batch_size,
+        stretch_refreshes=stretch['refreshes'],
+        hook_us=1e6 * (hook_cpu[0] - clock_cpu[0]) / stretch['samples'],
+        clock_us=1e6 * clock_cpu[0] / stretch['samples'],
+        writer_us=1e6 * writer_cpu / stretch['samples'],
         wall_us=1e6 * (wall['monitored'] / samples['monitored'] -
                        wall['plain'] / samples['plain']),
         longest_ms=1e3 * longest['call'],
@@ -790,7 +865,9 @@ def measure(name: str, build: Callable[[int], DataLoader], hook_args: dict,
               f"longest refreshing one {steady['refresh_ms']:.3f} ms "
               f"({steady['refresh_cpu_ms']:.3f} ms of its thread's CPU); "
               f"garbage collections: {steady['collections']}")
-        print(f"  steady state accounted: the hook's calls "
+        print(f"  steady state accounted, {args.steady_seconds:g} s "
+              f"uninterrupted ({steady['stretch_batches']} batches, "
+              f"{steady['stretch_refreshes']} refreshes): the hook's calls "
               f"{steady['hook_us']:.2f} us (the clock's own "
               f"{steady['clock_us']:.2f} us subtracted) + its writer thread "
               f"{steady['writer_us']:.2f} us = "
@@ -805,6 +882,14 @@ def measure(name: str, build: Callable[[int], DataLoader], hook_args: dict,
 
 def main():
     args = parse_args()
+    if args.idle_seconds:
+        repeats = 3
+        cold, warm = idle_code_cost(args.idle_seconds, repeats)
+        print(f'this machine: a small call after {args.idle_seconds:g} s '
+              'idle costs '
+              f'{1e3 * cold:.3f} ms of CPU, again at once {1e6 * warm:.1f} '
+              f'us (median of {repeats}): code untouched for seconds, as a '
+              "refresh's, pays the first", flush=True)
     cases = dict(cheap=(cheap_loader, {}))
     if 'demo' in args.cases:
         cases['demo'] = config_case(args)
@@ -849,7 +934,8 @@ def main():
           'monitored minus plain chunks (a difference of two totals: noisy '
           'on a shared machine); accounted: the thread CPU time spent in the '
           'hook\'s before/after_train_iter calls plus the CPU time of its '
-          'writer thread, per sample (the loader\'s own per-batch '
+          'writer thread, per sample, over --steady-seconds of monitored '
+          'batches read without a break (the loader\'s own per-batch '
           'accounting is the "accounted" column); longest '
           'after_train_iter: wall time of one call, refreshes included.')
 

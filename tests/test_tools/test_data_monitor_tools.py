@@ -41,7 +41,8 @@ def test_overhead_benchmark_prints_the_median_ratio(demo_root, train_env):
     out = run_script(BENCHMARK, ['--data-root', demo_root, '--rounds', '1',
         '--chunk-seconds', '0.02', '--warmup', '2', '--process-rounds', '2',
         '--steady-rounds', '1', '--steady-batches', '3', '--steady-warmup',
-        '4', '--cfg-options', 'train_dataloader.batch_size=4'
+        '4', '--steady-seconds', '0.05', '--idle-seconds', '0.01',
+        '--cfg-options', 'train_dataloader.batch_size=4'
     ],
                       env=train_env).stdout
     assert 'cheap: batch_size=32, 2 workers per loader; 1 rounds' in out
@@ -84,10 +85,13 @@ def test_overhead_benchmark_prints_the_median_ratio(demo_root, train_env):
         r'\d+ \([\d.]+ ms\), monitored \d+ \([\d.]+ ms\)$',
         out, re.M)) == 2, out
     assert len(re.findall(
-        r"^  steady state accounted: the hook's calls [-\d.]+ us \(the "
-        r"clock's own [\d.]+ us subtracted\) \+ its writer thread [\d.]+ "
-        r'us = [-\d.]+ us CPU per sample$', out,
-        re.M)) == 2, out
+        r'^  steady state accounted, 0.05 s uninterrupted \(\d+ batches, '
+        r"\d+ refreshes\): the hook's calls [-\d.]+ us \(the clock's own "
+        r'[\d.]+ us subtracted\) \+ its writer thread [\d.]+ us = [-\d.]+ '
+        r'us CPU per sample$', out, re.M)) == 2, out
+    assert re.search(
+        r'^this machine: a small call after 0.01 s idle costs [\d.]+ ms of '
+        r'CPU, again at once [\d.]+ us \(median of 3\)', out, re.M), out
     for case in ('cheap', 'demo'):
         assert re.search(
             rf'^{case} +\d+\.\d{{3}} \(\d+\.\d{{3}}\.\.\d+\.\d{{3}}\) '
