@@ -34,6 +34,24 @@ def node_cache_dir(tmp_path_factory):
         os.environ['MMDATA_CACHE_DIR'] = previous
 
 
+#: What urllib, botocore and our HTTP connections follow to reach a host.
+PROXY_VARIABLES = ('http_proxy', 'https_proxy', 'all_proxy', 'HTTP_PROXY',
+                   'HTTPS_PROXY', 'ALL_PROXY')
+
+
+@pytest.fixture(scope='session', autouse=True)
+def no_proxy_for_the_loopback():
+    """The tests' servers are on 127.0.0.1: reached directly, in this
+    process and every command it starts, whatever proxy the machine's
+    environment names (with only ``https_proxy`` set, the https
+    checkpoint cases alone failed: the pattern seen on a lent GPU node).
+    Tests of the proxy path set their own."""
+    saved = {name: os.environ.pop(name) for name in PROXY_VARIABLES
+             if name in os.environ}
+    yield
+    os.environ.update(saved)
+
+
 @pytest.fixture(scope='session')
 def demo_root(tmp_path_factory):
     """A small demo set (same generator as the README's, smaller images)."""
