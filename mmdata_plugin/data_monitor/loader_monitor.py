@@ -774,8 +774,8 @@ class DataLoaderMonitor:
                 Defaults to False.
         """
         self._refuse_if_booked_elsewhere('take_window')
-        window = self.window
-        self._window = StatsBook(capacity=1024)
+        self._book_here()
+        window = self._start_window()
         summarise = self._summariser(lambda: (window, []))
         return summarise if deferred else summarise()
 
@@ -814,8 +814,13 @@ class DataLoaderMonitor:
                               startup)
         if not window:
             return whole, None
+        return whole, self._summary(self._start_window(), [], skipped,
+                                    startup)
+
+    def _start_window(self) -> StatsBook:
+        """The window's book so far; a new window starts."""
         taken, self._window = self._window, StatsBook(capacity=1024)
-        return whole, self._summary(taken, [], skipped, startup)
+        return taken
 
     def report(self,
                rank_summaries: Optional[List[dict]] = None,

@@ -71,10 +71,9 @@ class DataMonitorHook(Hook):
     virtual machine, whose caches and page tables have cooled since the
     last one), which every ``table_interval`` iterations of 10 ms steps
     would be several microseconds per sample for a table nobody reads
-    every second. Files
-    are replaced atomically: a run that is killed leaves the last
-    complete report; a single process that ends on an error finishes the
-    pending refreshes first (for up to 10 s).
+    every second. Files are replaced atomically: a run that is killed
+    leaves the last complete report; a single process that ends on an
+    error finishes the pending refreshes first (for up to 10 s).
     Warm-up steps and steps right after a restart of the loader, a
     validation or a checkpoint save are not counted. With several ranks the
     figures of all ranks are gathered and the worst rank is judged.
