@@ -35,8 +35,8 @@ def node_cache_dir(tmp_path_factory):
 
 
 #: What urllib, botocore and our HTTP connections follow to reach a host.
-PROXY_VARIABLES = ('http_proxy', 'https_proxy', 'all_proxy', 'HTTP_PROXY',
-                   'HTTPS_PROXY', 'ALL_PROXY')
+PROXY_VARIABLES = ('http_proxy', 'https_proxy', 'no_proxy', 'all_proxy',
+                   'HTTP_PROXY', 'HTTPS_PROXY', 'NO_PROXY', 'ALL_PROXY')
 
 
 @pytest.fixture(scope='session', autouse=True)
@@ -45,7 +45,8 @@ def no_proxy_for_the_loopback():
     process and every command it starts, whatever proxy the machine's
     environment names (with only ``https_proxy`` set, the https
     checkpoint cases alone failed: the pattern seen on a lent GPU node).
-    Tests of the proxy path set their own."""
+    Tests of the proxy path set their own (with ``monkeypatch``), from
+    none."""
     saved = {name: os.environ.pop(name) for name in PROXY_VARIABLES
              if name in os.environ}
     yield

@@ -15,22 +15,14 @@ FAST = dict(timeout=5, backoff=0.01, retries=2)
 OBJECTS = {f'set/{i:02d}.bin': blob(i, 20_000) for i in range(6)}
 
 
-@pytest.fixture
-def no_proxy_settings(monkeypatch):
-    for name in ('http_proxy', 'https_proxy', 'no_proxy', 'all_proxy'):
-        monkeypatch.delenv(name, raising=False)
-        monkeypatch.delenv(name.upper(), raising=False)
-    return monkeypatch
-
-
 def _basic(user: str, password: str) -> str:
     return 'Basic ' + base64.b64encode(
         f'{user}:{password}'.encode()).decode()
 
 
-def test_http_goes_through_the_proxy_as_absolute_requests(no_proxy_settings):
+def test_http_goes_through_the_proxy_as_absolute_requests(monkeypatch):
     with LoopbackHTTPServer(OBJECTS) as server, LoopbackProxy() as proxy:
-        no_proxy_settings.setenv('http_proxy', proxy.url)
+        monkeypatch.setenv('http_proxy', proxy.url)
         backend = HTTPRemoteBackend(**FAST)
         for path, data in OBJECTS.items():
             assert backend.get(server.url(path)) == data
@@ -40,33 +32,33 @@ def test_http_goes_through_the_proxy_as_absolute_requests(no_proxy_settings):
                            ] + [server.url('set/00.bin')]
 
 
-def test_no_proxy_hosts_go_direct(no_proxy_settings):
+def test_no_proxy_hosts_go_direct(monkeypatch):
     with LoopbackHTTPServer(OBJECTS) as server, LoopbackProxy() as proxy:
-        no_proxy_settings.setenv('http_proxy', proxy.url)
-        no_proxy_settings.setenv('no_proxy', 'example.com,127.0.0.1')
+        monkeypatch.setenv('http_proxy', proxy.url)
+        monkeypatch.setenv('no_proxy', 'example.com,127.0.0.1')
         assert HTTPRemoteBackend(**FAST).get(
             server.url('set/01.bin')) == OBJECTS['set/01.bin']
     assert proxy.requests == []
 
 
-def test_proxy_credentials_from_the_url_are_sent(no_proxy_settings):
+def test_proxy_credentials_from_the_url_are_sent(monkeypatch):
     wanted = _basic('ann', 'p@ss word')
     with LoopbackHTTPServer(OBJECTS) as server, \
             LoopbackProxy(authorization=wanted) as proxy:
-        no_proxy_settings.setenv(
+        monkeypatch.setenv(
             'http_proxy', proxy.url.replace('//', '//ann:p%40ss%20word@'))
         assert HTTPRemoteBackend(**FAST).get(
             server.url('set/02.bin')) == OBJECTS['set/02.bin']
         assert proxy.requests[-1][2] == wanted
-        no_proxy_settings.setenv('http_proxy',
-                                 proxy.url.replace('//', '//ann:wrong@'))
+        monkeypatch.setenv('http_proxy',
+                           proxy.url.replace('//', '//ann:wrong@'))
         url = server.url('set/03.bin')
         with pytest.raises(RemoteIOError, match=f"HTTP 407 Proxy.*{url}"):
             HTTPRemoteBackend(**FAST).get(url)
 
 
-def test_an_https_proxy_url_is_refused_naming_the_setting(no_proxy_settings):
-    no_proxy_settings.setenv('http_proxy', 'https://127.0.0.1:9')
+def test_an_https_proxy_url_is_refused_naming_the_setting(monkeypatch):
+    monkeypatch.setenv('http_proxy', 'https://127.0.0.1:9')
     with pytest.raises(RemoteUnavailableError,
                        match=r"http_proxy='https://127\.0\.0\.1:9'.*"
                        r'only http:// proxies.*http://127\.0\.0\.1:1/x'):
@@ -81,12 +73,12 @@ def tls_server(tmp_path):
 
 
 def test_https_is_tunnelled_with_the_certificate_checked_end_to_end(
-        no_proxy_settings, tls_server):
+        monkeypatch, tls_server):
     origin, cert_file = tls_server
     wanted = _basic('ann', 'secret')
     with LoopbackProxy(authorization=wanted) as proxy:
-        no_proxy_settings.setenv('https_proxy',
-                                 proxy.url.replace('//', '//ann:secret@'))
+        monkeypatch.setenv('https_proxy',
+                           proxy.url.replace('//', '//ann:secret@'))
         backend = HTTPRemoteBackend(ca_certs=cert_file, **FAST)
         data = blob(5, 100_000)
         assert backend.get(f'{origin}/a.bin') == backend.get(
@@ -97,8 +89,8 @@ def test_https_is_tunnelled_with_the_certificate_checked_end_to_end(
         with pytest.raises(RemoteUnavailableError,
                            match='CERTIFICATE_VERIFY_FAILED'):
             HTTPRemoteBackend(**FAST).get(f'{origin}/a.bin')
-        no_proxy_settings.setenv('https_proxy',
-                                 proxy.url.replace('//', '//ann:wrong@'))
+        monkeypatch.setenv('https_proxy',
+                           proxy.url.replace('//', '//ann:wrong@'))
         refused = HTTPRemoteBackend(ca_certs=cert_file, **FAST)
         with pytest.raises(RemoteUnavailableError,
                            match=f'proxy 127.0.0.1:.* refused the tunnel: '
@@ -107,10 +99,10 @@ def test_https_is_tunnelled_with_the_certificate_checked_end_to_end(
         assert refused.retry.retried == 0
 
 
-def test_s3_gets_go_through_the_proxy_like_boto3s_calls(no_proxy_settings):
+def test_s3_gets_go_through_the_proxy_like_boto3s_calls(monkeypatch):
     with MotoS3Server() as s3, LoopbackProxy() as proxy:
         s3.put_objects('bucket', {'k/0.bin': OBJECTS['set/00.bin']})
-        no_proxy_settings.setenv('http_proxy', proxy.url)
+        monkeypatch.setenv('http_proxy', proxy.url)
         from mmengine import fileio
         backend = fileio.get_file_backend(
             's3://bucket', backend_args=s3.backend_args(backoff=0.01))
