@@ -22,6 +22,7 @@ from mmengine.config import Config, DictAction
 from mmengine.dataset import BaseDataset, InfiniteSampler, default_collate
 from mmengine.hooks import LoggerHook
 from mmengine.logging import MessageHub
+from mmengine.registry import VISUALIZERS
 from mmengine.runner import Runner
 from mmengine.utils.dl_utils import set_multi_processing
 from torch.utils.data import DataLoader
@@ -46,6 +47,9 @@ FETCH_PATHS = ('plain', 'untimed', 'timed')
 CASES = ('cheap', 'demo')
 #: Where the monitor's code lives (what :func:`monitor_calls` counts).
 MONITOR_CODE = 'mmdata_plugin/data_monitor/'
+#: The cheap case's visualizer: OpenMMLab's default runtime's.
+LOCAL_VISUALIZER = dict(
+    type='Visualizer', vis_backends=[dict(type='LocalVisBackend')])
 
 
 def parse_args():
@@ -188,9 +192,9 @@ def cheap_loader(num_workers: int) -> DataLoader:
         collate_fn=default_collate)
 
 
-def config_case(args) -> Tuple[Callable[[int], DataLoader], dict]:
-    """The config's DataLoader builder and its DataMonitorHook's arguments
-    (none when it has no such hook)."""
+def config_case(args) -> Tuple[Callable[[int], DataLoader], dict, dict]:
+    """The config's DataLoader builder, its DataMonitorHook's arguments
+    (none when it has no such hook) and its visualizer."""
     if not osp.isfile(osp.join(args.data_root, 'train.txt')):
         print(f'Writing the demo data to {args.data_root} ...', flush=True)
         make_demo_dataset(args.data_root)
@@ -214,7 +218,7 @@ def config_case(args) -> Tuple[Callable[[int], DataLoader], dict]:
     ]
     hook_args = {k: v for k, v in hooks[0].items() if k != 'type'} if (
         hooks) else {}
-    return build, hook_args
+    return build, hook_args, cfg.get('visualizer') or LOCAL_VISUALIZER
 
 
 # ---------------------------------------------------------------- measures
@@ -610,7 +614,7 @@ def per_step(loader: DataLoader,
 
 
 def steady_state(build: Callable[[int], DataLoader], hook_args: dict,
-                 args) -> dict:
+                 visualizer: dict, args) -> dict:
     """What DataMonitorHook with ``hook_args`` (tables and JSON refreshes
     included, no PNG) costs once the timed batches have thinned out.
 
@@ -631,7 +635,10 @@ def steady_state(build: Callable[[int], DataLoader], hook_args: dict,
     hook's own accounting (the thread CPU time inside its calls and its
     writer thread's CPU time) over ``--steady-seconds`` of monitored
     batches read without a break: the hook spaces its refreshes and
-    hand-overs in seconds, which the plain chunks would add to.
+    hand-overs in seconds, which the plain chunks would add to. The
+    timeline's points go to a real ``visualizer`` (its files in a
+    temporary directory), as in training, whose backends' share of the
+    hook's calls is counted apart.
     """
     loaders = {m: build(0) for m in MODES}
     hook = DataMonitorHook(**dict(hook_args, plot=False))
@@ -641,6 +648,15 @@ def steady_state(build: Callable[[int], DataLoader], hook_args: dict,
     logger.setLevel(logging.INFO)
     handler = logging.FileHandler(osp.join(log_dir, 'train.log'))
     logger.addHandler(handler)
+    backends = VISUALIZERS.build(
+        dict(visualizer, name=osp.basename(log_dir), save_dir=log_dir))
+    backends_cpu = [0.0]
+
+    def add_scalars(*args, **kwargs) -> None:
+        start = time.thread_time()
+        backends.add_scalars(*args, **kwargs)
+        backends_cpu[0] += time.thread_time() - start
+
     runner = SimpleNamespace(
         iter=0,
         max_iters=10**9,
@@ -650,11 +666,11 @@ def steady_state(build: Callable[[int], DataLoader], hook_args: dict,
         hooks=[LoggerHook(interval=10)],
         model=SimpleNamespace(),
         message_hub=MessageHub.get_instance('benchmark_monitor_steady'),
-        visualizer=SimpleNamespace(add_scalars=lambda *a, **k: None),
+        visualizer=SimpleNamespace(add_scalars=add_scalars),
         train_loop=SimpleNamespace(dataloader=loaders['monitored']),
         train_dataloader=loaders['monitored'])
     hook.before_train(runner)
-    longest = dict(call=0.0, refresh=0.0, refresh_cpu=0.0)
+    longest = dict(before=0.0, call=0.0, refresh=0.0, refresh_cpu=0.0)
     # The hook's CPU time and the clock's own cost inside each reading of
     # it (a system call, cold after the pipeline's work), measured beside
     # it and subtracted.
@@ -664,8 +680,10 @@ def steady_state(build: Callable[[int], DataLoader], hook_args: dict,
         while True:
             batch = next(iterator)
             index, submitted = runner.iter, hook._submitted
-            cpu = time.thread_time()
+            cpu, start = time.thread_time(), time.perf_counter()
             hook.before_train_iter(runner, index, batch)
+            longest['before'] = max(longest['before'],
+                                    time.perf_counter() - start)
             # (the clock read only where a refresh may come)
             call_cpu = time.thread_time() if hook.table_interval and (
                 index + 1) % hook.table_interval == 0 else 0.0
@@ -690,7 +708,7 @@ def steady_state(build: Callable[[int], DataLoader], hook_args: dict,
         take(iterators['plain'], args.warmup)
         every = settle_sampling(iterators['monitored'], args.steady_warmup)
         hook._writer.flush()
-        longest.update(call=0.0, refresh=0.0, refresh_cpu=0.0)
+        longest.update(before=0.0, call=0.0, refresh=0.0, refresh_cpu=0.0)
         writer_clock = time.pthread_getcpuclockid(hook._writer.thread.ident)
         refreshes = hook._submitted
         cpu = {m: [] for m in MODES}
@@ -716,7 +734,7 @@ def steady_state(build: Callable[[int], DataLoader], hook_args: dict,
         # steps', which doubled its refreshes per monitored sample. (The
         # steps not booked when it starts are booked in it, those not
         # booked when it ends are not: alike, on average.)
-        hook_cpu[0] = clock_cpu[0] = 0.0
+        hook_cpu[0] = clock_cpu[0] = backends_cpu[0] = 0.0
         writer_cpu = time.clock_gettime(writer_clock)
         stretch = dict(refreshes=hook._submitted, samples=0)
         start = time.perf_counter()
@@ -748,11 +766,13 @@ def steady_state(build: Callable[[int], DataLoader], hook_args: dict,
         stretch_batches=stretch['samples'] // loaders['plain'].batch_size,
         stretch_refreshes=stretch['refreshes'],
         hook_us=1e6 * (hook_cpu[0] - clock_cpu[0]) / stretch['samples'],
+        visualizer_us=1e6 * backends_cpu[0] / stretch['samples'],
         clock_us=1e6 * clock_cpu[0] / stretch['samples'],
         writer_us=1e6 * writer_cpu / stretch['samples'],
         wall_us=1e6 * (wall['monitored'] / samples['monitored'] -
                        wall['plain'] / samples['plain']),
         longest_ms=1e3 * longest['call'],
+        longest_before_ms=1e3 * longest['before'],
         refresh_ms=1e3 * longest['refresh'],
         refresh_cpu_ms=1e3 * longest['refresh_cpu'],
         collections=collections.summary())
@@ -789,7 +809,7 @@ class GarbageCollections:
 
 
 def measure(name: str, build: Callable[[int], DataLoader], hook_args: dict,
-            args) -> dict:
+            visualizer: dict, args) -> dict:
     probe = build(0)
     chunk = (f'{args.batches} batches' if args.batches else
              f'{args.chunk_seconds:g} s')
@@ -851,7 +871,7 @@ def measure(name: str, build: Callable[[int], DataLoader], hook_args: dict,
         print(f'  per step in the training process, DataMonitorHook({shown})'
               f" without its tables: {row['step_us']:.1f} us CPU")
     if args.steady_rounds:
-        steady = steady_state(build, hook_args, args)
+        steady = steady_state(build, hook_args, visualizer, args)
         shown = ', '.join(f'{key}={value!r}'
                           for key, value in hook_args.items())
         print(f'  steady state, DataMonitorHook({shown}) past the sampling '
@@ -863,12 +883,15 @@ def measure(name: str, build: Callable[[int], DataLoader], hook_args: dict,
               f"{steady['spread']} us), wall {steady['wall_us']:+.2f} us; "
               f"longest after_train_iter {steady['longest_ms']:.3f} ms, "
               f"longest refreshing one {steady['refresh_ms']:.3f} ms "
-              f"({steady['refresh_cpu_ms']:.3f} ms of its thread's CPU); "
+              f"({steady['refresh_cpu_ms']:.3f} ms of its thread's CPU), "
+              "longest before_train_iter (it sends the timeline's points) "
+              f"{steady['longest_before_ms']:.3f} ms; "
               f"garbage collections: {steady['collections']}")
         print(f"  steady state accounted, {args.steady_seconds:g} s "
               f"uninterrupted ({steady['stretch_batches']} batches, "
               f"{steady['stretch_refreshes']} refreshes): the hook's calls "
-              f"{steady['hook_us']:.2f} us (the clock's own "
+              f"{steady['hook_us']:.2f} us (of which the visualizer's "
+              f"backends {steady['visualizer_us']:.2f} us; the clock's own "
               f"{steady['clock_us']:.2f} us subtracted) + its writer thread "
               f"{steady['writer_us']:.2f} us = "
               f"{steady['hook_us'] + steady['writer_us']:.2f} us CPU per "
@@ -890,7 +913,7 @@ def main():
               f'{1e3 * cold:.3f} ms of CPU, again at once {1e6 * warm:.1f} '
               f'us (median of {repeats}): code untouched for seconds, as a '
               "refresh's, pays the first", flush=True)
-    cases = dict(cheap=(cheap_loader, {}))
+    cases = dict(cheap=(cheap_loader, {}, LOCAL_VISUALIZER))
     if 'demo' in args.cases:
         cases['demo'] = config_case(args)
     rows = [measure(case, *cases[case], args) for case in args.cases]
@@ -933,8 +956,9 @@ def main():
           'the sampling ramp, process CPU (all threads) per sample, '
           'monitored minus plain chunks (a difference of two totals: noisy '
           'on a shared machine); accounted: the thread CPU time spent in the '
-          'hook\'s before/after_train_iter calls plus the CPU time of its '
-          'writer thread, per sample, over --steady-seconds of monitored '
+          'hook\'s before/after_train_iter calls (the timeline\'s points '
+          'sent to the config\'s visualizer included) plus the CPU time of '
+          'its writer thread, per sample, over --steady-seconds of monitored '
           'batches read without a break (the loader\'s own per-batch '
           'accounting is the "accounted" column); longest '
           'after_train_iter: wall time of one call, refreshes included.')

@@ -665,3 +665,61 @@ def test_a_loop_that_bypasses_the_monitored_iterator_is_warned_once(
         hook.monitor.uninstall()
     warnings = [r for r in caplog.records if 'cannot see' in r.message]
     assert len(warnings) == (0 if counted_first else 1)
+
+
+def test_a_burst_of_points_reaches_the_visualizer_a_few_a_step(tmp_path):
+    # The points of a whole hand-over are booked at once on the writer's
+    # thread, and a backend call costs tens of microseconds to a
+    # millisecond: a step sends them for POINTS_SECONDS after the first,
+    # oldest first, and the end of training sends the rest.
+    import logging
+    from collections import Counter
+    from types import SimpleNamespace
+
+    from mmdata_plugin.data_monitor import load_report
+    from mmdata_plugin.engine.hooks.data_monitor_hook import POINTS_SECONDS
+    loader = DataLoader(list(range(400)), batch_size=2)
+    runner = _stand_in_runner(loader, logging.getLogger('dm_points_test'),
+                              tmp_path)
+    sent, backend_seconds = [], [0.0]
+
+    def add_scalars(scalars, step):
+        time.sleep(backend_seconds[0])
+        sent.append((runner.iter, step))
+
+    runner.visualizer = SimpleNamespace(add_scalars=add_scalars)
+    hook = DataMonitorHook(interval=1, warmup_iters=0, settle_iters=0,
+                           table_interval=0, plot=False)
+    hook.before_train(runner)
+    batches = iter(loader)
+
+    def burst_then_steps(count: int) -> Counter:
+        """Points sent per step in the ``count`` steps after a burst."""
+        for _ in range(20):
+            next(batches)
+            hook.before_train_iter(runner, runner.iter)
+            hook.after_train_iter(runner, runner.iter)
+            runner.iter += 1
+        # A hand-over now, as after HAND_OVER_SECONDS of steps (private).
+        hook.monitor._book_unbooked()
+        hook._writer.flush()
+        assert len(hook.monitor.new_points) >= 15
+        earlier = len(sent)
+        for _ in range(count):
+            next(batches)
+            hook.before_train_iter(runner, runner.iter)
+            runner.iter += 1
+        return Counter(at for at, _ in sent[earlier:])
+
+    # A slow backend: one point a step.
+    backend_seconds[0] = 2 * POINTS_SECONDS
+    first = runner.iter + 20
+    assert burst_then_steps(3) == {first: 1, first + 1: 1, first + 2: 1}
+    # A fast one: several points a step.
+    backend_seconds[0] = 0.0
+    first = runner.iter + 20
+    assert burst_then_steps(3)[first] > 1
+    hook.after_train(runner)
+    timeline = load_report(str(tmp_path / 'data_monitor.json'))['ranks'][0][
+        'timeline']
+    assert [step for _, step in sent] == [p['step'] + 1 for p in timeline]

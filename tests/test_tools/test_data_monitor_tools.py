@@ -81,13 +81,16 @@ def test_overhead_benchmark_prints_the_median_ratio(demo_root, train_env):
         r'refreshes: [-+\d.]+ us CPU per sample of [\d.]+ us \(IQR of the '
         r'rounds [-+\d.]+\.\.[-+\d.]+ us\), wall [-+\d.]+ us; longest '
         r'after_train_iter [\d.]+ ms, longest refreshing one [\d.]+ ms '
-        r"\([\d.]+ ms of its thread's CPU\); garbage collections: plain "
+        r"\([\d.]+ ms of its thread's CPU\), longest before_train_iter "
+        r"\(it sends the timeline's points\) [\d.]+ ms; garbage "
+        r'collections: plain '
         r'\d+ \([\d.]+ ms\), monitored \d+ \([\d.]+ ms\)$',
         out, re.M)) == 2, out
     assert len(re.findall(
         r'^  steady state accounted, 0.05 s uninterrupted \(\d+ batches, '
-        r"\d+ refreshes\): the hook's calls [-\d.]+ us \(the clock's own "
-        r'[\d.]+ us subtracted\) \+ its writer thread [\d.]+ us = [-\d.]+ '
+        r"\d+ refreshes\): the hook's calls [-\d.]+ us \(of which the "
+        r"visualizer's backends [\d.]+ us; the clock's own [\d.]+ us "
+        r'subtracted\) \+ its writer thread [\d.]+ us = [-\d.]+ '
         r'us CPU per sample$', out, re.M)) == 2, out
     assert re.search(
         r'^this machine: a small call after 0.01 s idle costs [\d.]+ ms of '

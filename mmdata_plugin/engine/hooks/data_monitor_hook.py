@@ -35,6 +35,15 @@ MONITOR_ENV = 'MMDATA_MONITOR'
 #: 5-9 ms at steady state, half a refresh's cost, where refreshes come
 #: every ``table_min_seconds`` (30). The final report reads them afresh.
 HEAD_CACHE_READ_EVERY = 60.0
+#: Seconds a training step spends sending timeline points to the
+#: visualizer, after the first point (sent whatever it costs). They come
+#: in bursts, those of a whole hand-over booked at once on the writer's
+#: thread (~300 at the demo's ``interval=10`` with 10 ms steps), and a
+#: backend call costs 50-100 us warm, a millisecond cold
+#: (``LocalVisBackend``: a deep copy of the scalars, an open and a close of
+#: its JSON file): sent together they held one step up for tens of
+#: milliseconds.
+POINTS_SECONDS = 0.0005
 #: What the hook puts into the log line (message hub keys).
 LOG_SCALARS = ('train/dm_wait_time', 'train/dm_worker_time',
                'train/dm_input_bound')
@@ -285,25 +294,32 @@ class DataMonitorHook(Hook):
             return
         monitor.step(runner.iter)
         if monitor.new_points:
-            self._add_points(runner, monitor.new_points)
+            self._add_points(runner, monitor.new_points, POINTS_SECONDS)
         elif (not self._blind_checked and monitor.steps_without_batch > 2
               and monitor.last_step is None):
             self._warn_if_blind(runner)
 
-    def _add_points(self, runner, points) -> None:
-        """Send the timeline points made since the last call (booked on
-        the writer's thread) to the visualizer, rank 0's, from this
-        thread, as LoggerHook sends its scalars."""
+    def _add_points(self,
+                    runner,
+                    points,
+                    seconds: Optional[float] = None) -> None:
+        """Send the timeline points not sent yet (booked on the writer's
+        thread), oldest first, to the visualizer, rank 0's, from this
+        thread, as LoggerHook sends its scalars: all of them, or those
+        sent within ``seconds`` after the first."""
         # Asked once, at the first point (training has set up the process
         # group by then): mmengine's get_rank goes through
         # torch.distributed's world state at every call.
         if self._rank is None:
             self._rank = get_rank()
+        deadline = None if seconds is None else time.perf_counter() + seconds
         while points:
             point = points.popleft()
             if self._rank == 0:
                 runner.visualizer.add_scalars(
                     self._point_scalars(point), step=point['step'] + 1)
+                if deadline is not None and time.perf_counter() > deadline:
+                    return
 
     @staticmethod
     def _point_scalars(point: dict) -> dict:
