@@ -670,7 +670,8 @@ def steady_state(build: Callable[[int], DataLoader], hook_args: dict,
         train_loop=SimpleNamespace(dataloader=loaders['monitored']),
         train_dataloader=loaders['monitored'])
     hook.before_train(runner)
-    longest = dict(before=0.0, call=0.0, refresh=0.0, refresh_cpu=0.0)
+    longest = dict(
+        before=0.0, before_cpu=0.0, call=0.0, refresh=0.0, refresh_cpu=0.0)
     # The hook's CPU time and the clock's own cost inside each reading of
     # it (a system call, cold after the pipeline's work), measured beside
     # it and subtracted.
@@ -682,8 +683,10 @@ def steady_state(build: Callable[[int], DataLoader], hook_args: dict,
             index, submitted = runner.iter, hook._submitted
             cpu, start = time.thread_time(), time.perf_counter()
             hook.before_train_iter(runner, index, batch)
-            longest['before'] = max(longest['before'],
-                                    time.perf_counter() - start)
+            spent = time.perf_counter() - start
+            if spent > longest['before']:
+                longest.update(
+                    before=spent, before_cpu=time.thread_time() - cpu)
             # (the clock read only where a refresh may come)
             call_cpu = time.thread_time() if hook.table_interval and (
                 index + 1) % hook.table_interval == 0 else 0.0
@@ -708,7 +711,9 @@ def steady_state(build: Callable[[int], DataLoader], hook_args: dict,
         take(iterators['plain'], args.warmup)
         every = settle_sampling(iterators['monitored'], args.steady_warmup)
         hook._writer.flush()
-        longest.update(before=0.0, call=0.0, refresh=0.0, refresh_cpu=0.0)
+        longest.update(
+            before=0.0, before_cpu=0.0, call=0.0, refresh=0.0,
+            refresh_cpu=0.0)
         writer_clock = time.pthread_getcpuclockid(hook._writer.thread.ident)
         refreshes = hook._submitted
         cpu = {m: [] for m in MODES}
@@ -773,6 +778,7 @@ def steady_state(build: Callable[[int], DataLoader], hook_args: dict,
                        wall['plain'] / samples['plain']),
         longest_ms=1e3 * longest['call'],
         longest_before_ms=1e3 * longest['before'],
+        longest_before_cpu_ms=1e3 * longest['before_cpu'],
         refresh_ms=1e3 * longest['refresh'],
         refresh_cpu_ms=1e3 * longest['refresh_cpu'],
         collections=collections.summary())
@@ -885,7 +891,9 @@ def measure(name: str, build: Callable[[int], DataLoader], hook_args: dict,
               f"longest refreshing one {steady['refresh_ms']:.3f} ms "
               f"({steady['refresh_cpu_ms']:.3f} ms of its thread's CPU), "
               "longest before_train_iter (it sends the timeline's points) "
-              f"{steady['longest_before_ms']:.3f} ms; "
+              f"{steady['longest_before_ms']:.3f} ms "
+              f"({steady['longest_before_cpu_ms']:.3f} ms of its thread's "
+              "CPU); "
               f"garbage collections: {steady['collections']}")
         print(f"  steady state accounted, {args.steady_seconds:g} s "
               f"uninterrupted ({steady['stretch_batches']} batches, "
