@@ -3,6 +3,7 @@
 # process and the hook's whole cost at steady state (report refreshes
 # included), on a cheap pipeline and on a config's (the demo's by default).
 import argparse
+import copy
 import gc
 import logging
 import os
@@ -580,7 +581,9 @@ def per_step(loader: DataLoader,
     a report writer's thread (``book_on``, counted: process CPU time, the
     writer flushed) and the monitor's ``_on_batch`` are what
     ``before_train`` and the DataLoader iterator would do: a
-    benchmark-only shortcut around a whole Runner.
+    benchmark-only shortcut around a whole Runner. Its visualizer does
+    nothing: the timeline's points cost what the backends do, which the
+    steady state measures.
     """
     steps = recorded * 20
     runs = []
@@ -648,13 +651,18 @@ def steady_state(build: Callable[[int], DataLoader], hook_args: dict,
     logger.setLevel(logging.INFO)
     handler = logging.FileHandler(osp.join(log_dir, 'train.log'))
     logger.addHandler(handler)
+    # (a copy: a Visualizer takes its backends' names and directories out
+    # of the configs it is given)
     backends = VISUALIZERS.build(
-        dict(visualizer, name=osp.basename(log_dir), save_dir=log_dir))
+        dict(
+            copy.deepcopy(visualizer),
+            name=osp.basename(log_dir),
+            save_dir=log_dir))
     backends_cpu = [0.0]
 
-    def add_scalars(*args, **kwargs) -> None:
+    def add_scalars(*call_args, **call_kwargs) -> None:
         start = time.thread_time()
-        backends.add_scalars(*args, **kwargs)
+        backends.add_scalars(*call_args, **call_kwargs)
         backends_cpu[0] += time.thread_time() - start
 
     runner = SimpleNamespace(
@@ -754,6 +762,7 @@ def steady_state(build: Callable[[int], DataLoader], hook_args: dict,
     finally:
         collections.close()
         hook.after_train(runner)
+        backends.close()
         logger.removeHandler(handler)
         handler.close()
         shutil.rmtree(log_dir, ignore_errors=True)
@@ -969,7 +978,9 @@ def main():
           'its writer thread, per sample, over --steady-seconds of monitored '
           'batches read without a break (the loader\'s own per-batch '
           'accounting is the "accounted" column); longest '
-          'after_train_iter: wall time of one call, refreshes included.')
+          'after_train_iter: wall time of one call, refreshes included '
+          '(the longest before_train_iter, which sends the timeline\'s '
+          'points, is on the steady state\'s line).')
 
 if __name__ == '__main__':
     main()

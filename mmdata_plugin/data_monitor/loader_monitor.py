@@ -61,7 +61,8 @@ BOOK_RUN = 1024
 #: wake measured, ~28 us a step when woken every 64 steps), so it wakes
 #: seldom. The timeline's points are made when their steps are booked, so
 #: they reach the visualizer up to this late (DataMonitorHook: up to its
-#: refresh spacing, ``table_min_seconds``).
+#: refresh spacing, ``table_min_seconds``, and the steps it takes to send
+#: them, a few a step).
 HAND_OVER_SECONDS = 10.0
 #: (~330 bytes a step: 16,384 are ~5 MB, 30 s of steps at 550 a second;
 #: faster steps are handed over between refreshes too, a wake for 16,384

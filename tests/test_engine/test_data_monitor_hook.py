@@ -667,24 +667,26 @@ def test_a_loop_that_bypasses_the_monitored_iterator_is_warned_once(
     assert len(warnings) == (0 if counted_first else 1)
 
 
-def test_a_burst_of_points_reaches_the_visualizer_a_few_a_step(tmp_path):
+def test_a_burst_of_points_reaches_the_visualizer_a_few_a_step(
+        tmp_path, monkeypatch):
     # The points of a whole hand-over are booked at once on the writer's
     # thread, and a backend call costs tens of microseconds to a
-    # millisecond: a step sends them for POINTS_SECONDS after the first,
+    # millisecond: a step sends them for POINTS_SECONDS (at least one),
     # oldest first, and the end of training sends the rest.
     import logging
     from collections import Counter
     from types import SimpleNamespace
 
     from mmdata_plugin.data_monitor import load_report
-    from mmdata_plugin.engine.hooks.data_monitor_hook import POINTS_SECONDS
+    from mmdata_plugin.engine.hooks import data_monitor_hook
     loader = DataLoader(list(range(400)), batch_size=2)
     runner = _stand_in_runner(loader, logging.getLogger('dm_points_test'),
                               tmp_path)
     sent, backend_seconds = [], [0.0]
 
     def add_scalars(scalars, step):
-        time.sleep(backend_seconds[0])
+        if backend_seconds[0]:
+            time.sleep(backend_seconds[0])
         sent.append((runner.iter, step))
 
     runner.visualizer = SimpleNamespace(add_scalars=add_scalars)
@@ -711,15 +713,18 @@ def test_a_burst_of_points_reaches_the_visualizer_a_few_a_step(tmp_path):
             runner.iter += 1
         return Counter(at for at, _ in sent[earlier:])
 
-    # A slow backend: one point a step.
-    backend_seconds[0] = 2 * POINTS_SECONDS
-    first = runner.iter + 20
-    assert burst_then_steps(3) == {first: 1, first + 1: 1, first + 2: 1}
-    # A fast one: several points a step.
-    backend_seconds[0] = 0.0
-    first = runner.iter + 20
-    assert burst_then_steps(3)[first] > 1
-    hook.after_train(runner)
+    try:
+        # A backend slower than the time for points: one point a step.
+        backend_seconds[0] = 2 * data_monitor_hook.POINTS_SECONDS
+        first = runner.iter + 20
+        assert burst_then_steps(3) == {first: 1, first + 1: 1, first + 2: 1}
+        # A fast one (within a time made ample here): several a step.
+        backend_seconds[0] = 0.0
+        monkeypatch.setattr(data_monitor_hook, 'POINTS_SECONDS', 1.0)
+        first = runner.iter + 20
+        assert burst_then_steps(3)[first] > 1
+    finally:
+        hook.after_train(runner)
     timeline = load_report(str(tmp_path / 'data_monitor.json'))['ranks'][0][
         'timeline']
     assert [step for _, step in sent] == [p['step'] + 1 for p in timeline]

@@ -83,8 +83,7 @@ def test_overhead_benchmark_prints_the_median_ratio(demo_root, train_env):
         r'after_train_iter [\d.]+ ms, longest refreshing one [\d.]+ ms '
         r"\([\d.]+ ms of its thread's CPU\), longest before_train_iter "
         r"\(it sends the timeline's points\) [\d.]+ ms \([\d.]+ ms of its "
-        r"thread's CPU\); garbage "
-        r'collections: plain '
+        r"thread's CPU\); garbage collections: plain "
         r'\d+ \([\d.]+ ms\), monitored \d+ \([\d.]+ ms\)$',
         out, re.M)) == 2, out
     assert len(re.findall(

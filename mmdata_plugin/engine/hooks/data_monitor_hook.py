@@ -36,13 +36,17 @@ MONITOR_ENV = 'MMDATA_MONITOR'
 #: every ``table_min_seconds`` (30). The final report reads them afresh.
 HEAD_CACHE_READ_EVERY = 60.0
 #: Seconds a training step spends sending timeline points to the
-#: visualizer, after the first point (sent whatever it costs). They come
-#: in bursts, those of a whole hand-over booked at once on the writer's
+#: visualizer (at least one point, whatever it costs). They come in
+#: bursts, those of a whole hand-over booked at once on the writer's
 #: thread (~300 at the demo's ``interval=10`` with 10 ms steps), and a
 #: backend call costs 50-100 us warm, a millisecond cold
 #: (``LocalVisBackend``: a deep copy of the scalars, an open and a close of
 #: its JSON file): sent together they held one step up for tens of
-#: milliseconds.
+#: milliseconds. A point takes ``interval`` (>= 1) counted steps to make,
+#: so the queue drains between hand-overs, unless ``interval=1`` with a
+#: backend slower than this: then the queue's oldest points beyond
+#: ``max_timeline_points`` never reach the visualizer (the JSON keeps
+#: them).
 POINTS_SECONDS = 0.0005
 #: What the hook puts into the log line (message hub keys).
 LOG_SCALARS = ('train/dm_wait_time', 'train/dm_worker_time',
@@ -306,7 +310,7 @@ class DataMonitorHook(Hook):
         """Send the timeline points not sent yet (booked on the writer's
         thread), oldest first, to the visualizer, rank 0's, from this
         thread, as LoggerHook sends its scalars: all of them, or those
-        sent within ``seconds`` after the first."""
+        sent within ``seconds`` (at least one)."""
         # Asked once, at the first point (training has set up the process
         # group by then): mmengine's get_rank goes through
         # torch.distributed's world state at every call.
@@ -489,7 +493,8 @@ class DataMonitorHook(Hook):
         self._writer.close()
         self.monitor.book_on(None)
         report, _ = self._gather_report(self._snapshot(runner))
-        # The points of the last steps, booked just now.
+        # The points of the last steps, booked just now, and those the
+        # steps' time for points left unsent.
         self._add_points(runner, self.monitor.new_points)
         if self._group is not None:
             torch_dist.destroy_process_group(self._group)
