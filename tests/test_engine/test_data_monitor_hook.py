@@ -728,3 +728,40 @@ def test_a_burst_of_points_reaches_the_visualizer_a_few_a_step(
     timeline = load_report(str(tmp_path / 'data_monitor.json'))['ranks'][0][
         'timeline']
     assert [step for _, step in sent] == [p['step'] + 1 for p in timeline]
+
+
+def test_a_step_reads_runner_iter_once(tmp_path):
+    # mmengine's Runner.iter goes through two properties of the Runner and
+    # one of the loop: a step reads it once, in before_train_iter, and
+    # after_train_iter reuses it (a refresh reads it for its snapshot).
+    import logging
+
+    class Runner:
+        reads = 0
+
+        def __init__(self, stand_in) -> None:
+            vars(self).update(vars(stand_in))
+            self.count = 0
+
+        @property
+        def iter(self) -> int:
+            Runner.reads += 1
+            return self.count
+
+    loader = DataLoader(list(range(64)), batch_size=2)
+    runner = Runner(
+        _stand_in_runner(loader, logging.getLogger('dm_iter_test'),
+                         tmp_path))
+    hook = DataMonitorHook(warmup_iters=0, settle_iters=0, table_interval=100,
+                           plot=False)
+    hook.before_train(runner)
+    try:
+        batches, reads = iter(loader), Runner.reads
+        for _ in range(12):
+            next(batches)
+            hook.before_train_iter(runner, runner.count)
+            hook.after_train_iter(runner, runner.count)
+            runner.count += 1
+        assert Runner.reads - reads == 12
+    finally:
+        hook.after_train(runner)

@@ -164,6 +164,10 @@ class DataMonitorHook(Hook):
         # _logger_logs's bounds: batch indices in between need no check.
         self._checked_index = -1
         self._next_check = 0
+        # runner.iter of the step in progress, read once in
+        # before_train_iter: mmengine's Runner.iter goes through two
+        # properties of the Runner and one of the loop, four calls.
+        self._iteration = 0
         # Whether the loop was judged blind (see _warn_if_blind): once.
         self._blind_checked = False
         self._preprocessor = None
@@ -296,7 +300,8 @@ class DataMonitorHook(Hook):
         monitor = self.monitor
         if monitor is None:
             return
-        monitor.step(runner.iter)
+        self._iteration = iteration = runner.iter
+        monitor.step(iteration)
         if monitor.new_points:
             self._add_points(runner, monitor.new_points, POINTS_SECONDS)
         elif (not self._blind_checked and monitor.steps_without_batch > 2
@@ -393,15 +398,13 @@ class DataMonitorHook(Hook):
 
     def _logger_logs(self, runner, batch_idx: int) -> bool:
         """Whether LoggerHook writes a log line after this iteration (its
-        own condition, see ``LoggerHook.after_train_iter``).
+        own condition, see ``LoggerHook.after_train_iter``), for a
+        ``batch_idx`` outside the bounds it set last time.
 
-        Checked in full only at the next index that may log (its interval's
-        end, the epoch's last batch) or when ``batch_idx`` starts again:
-        most steps cost one comparison.
+        ``after_train_iter`` calls it only at the next index that may log
+        (its interval's end, the epoch's last batch) or when ``batch_idx``
+        starts again: most steps cost one comparison there.
         """
-        if self._checked_index < batch_idx < self._next_check:
-            self._checked_index = batch_idx
-            return False
         logger = self._logger
         if logger is None:
             self._checked_index, self._next_check = batch_idx, math.inf
@@ -438,18 +441,21 @@ class DataMonitorHook(Hook):
                          outputs=None) -> None:
         if self.monitor is None:
             return
-        if self._logger_logs(runner, batch_idx):
+        # (the bounds checked here: a call fewer on most steps)
+        if self._checked_index < batch_idx < self._next_check:
+            self._checked_index = batch_idx
+        elif self._logger_logs(runner, batch_idx):
             self._publish_interval(runner)
         # (Hook.every_n_train_iters written out: a call fewer per step)
-        if not self.table_interval or (runner.iter +
-                                       1) % self.table_interval:
+        iteration = self._iteration
+        if not self.table_interval or (iteration + 1) % self.table_interval:
             return
         if self._spaced < self._submitted:
             # Every rank must make the same choice (a refresh gathers all
             # ranks): wait for the writer to decide, which takes
             # milliseconds, while table_interval iterations have passed.
             self._writer.flush()
-        if runner.iter + 1 < self._next_table:
+        if iteration + 1 < self._next_table:
             return
         self._submitted += 1
         self._writer.submit(self._refresh, runner,
