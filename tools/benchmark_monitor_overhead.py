@@ -719,9 +719,7 @@ def steady_state(build: Callable[[int], DataLoader], hook_args: dict,
         take(iterators['plain'], args.warmup)
         every = settle_sampling(iterators['monitored'], args.steady_warmup)
         hook._writer.flush()
-        longest.update(
-            before=0.0, before_cpu=0.0, call=0.0, refresh=0.0,
-            refresh_cpu=0.0)
+        longest.update(dict.fromkeys(longest, 0.0))
         writer_clock = time.pthread_getcpuclockid(hook._writer.thread.ident)
         refreshes = hook._submitted
         cpu = {m: [] for m in MODES}

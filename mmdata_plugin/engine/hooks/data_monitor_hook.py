@@ -528,7 +528,6 @@ class DataMonitorHook(Hook):
             iteration=runner.iter,
             elapsed=time.monotonic() - self._started,
             max_iters=runner.max_iters,
-            batches=runner.iter * self._node_ranks,
             **self._run_context)
 
     def _gather_report(self, snapshot: dict):
@@ -563,7 +562,8 @@ class DataMonitorHook(Hook):
                               max_iters=snapshot['max_iters'])
         add_head_cache(report, self._read_head_cache(snapshot),
                        snapshot['pipeline'])
-        add_remote_cache(report, snapshot['dataset'], snapshot['batches'])
+        add_remote_cache(report, snapshot['dataset'],
+                         snapshot['iteration'] * self._node_ranks)
         return report, [g.get('window') for g in gathered]
 
     def _space_refreshes(self, iteration: int, elapsed: float) -> None:
