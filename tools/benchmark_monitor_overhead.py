@@ -24,7 +24,7 @@ from mmengine.dataset import BaseDataset, InfiniteSampler, default_collate
 from mmengine.hooks import LoggerHook
 from mmengine.logging import MessageHub
 from mmengine.registry import VISUALIZERS
-from mmengine.runner import Runner
+from mmengine.runner import BaseLoop, Runner
 from mmengine.utils.dl_utils import set_multi_processing
 from torch.utils.data import DataLoader
 
@@ -567,6 +567,41 @@ def per_batch_floor(batch_size: int, rounds: int) -> float:
                                           for r in per_sample)
 
 
+class StandInLoop(BaseLoop):
+    """What DataMonitorHook reads of a train loop: its ``dataloader``, and
+    its ``iter``, a property as in mmengine's loops. The benchmark steps
+    it by ``_iter``."""
+
+    def __init__(self, dataloader: DataLoader) -> None:
+        self.dataloader = dataloader
+        self._iter = 0
+
+    @property
+    def iter(self) -> int:
+        return self._iter
+
+    def run(self) -> None:
+        raise NotImplementedError('the benchmark steps this loop itself')
+
+
+class StandInRunner(SimpleNamespace):
+    """What DataMonitorHook reads of a Runner. Its ``iter`` costs what
+    mmengine's ``Runner.iter`` does (the hook reads it in its refreshes):
+    a property that reads the ``train_loop`` property, which checks the
+    loop against ``BaseLoop`` (an abstract class), then the loop's own.
+    """
+
+    @property
+    def iter(self) -> int:
+        return self.train_loop.iter
+
+    @property
+    def train_loop(self) -> BaseLoop:
+        if not isinstance(self._train_loop, BaseLoop):
+            raise TypeError('the stand-in runner needs a BaseLoop')
+        return self._train_loop
+
+
 def per_step(loader: DataLoader,
              recorded: list,
              hook_args: dict,
@@ -577,10 +612,10 @@ def per_step(loader: DataLoader,
 
     The hook runs on a stand-in runner with mmengine's MessageHub and a
     LoggerHook of interval 10 (the hook publishes at its log lines); its
-    private ``_logger`` / ``_forget_log_scalars``, the monitor's books on
-    a report writer's thread (``book_on``, counted: process CPU time, the
-    writer flushed) and the monitor's ``_on_batch`` are what
-    ``before_train`` and the DataLoader iterator would do: a
+    private ``_logger``, ``_loop`` / ``_forget_log_scalars``, the
+    monitor's books on a report writer's thread (``book_on``, counted:
+    process CPU time, the writer flushed) and the monitor's ``_on_batch``
+    are what ``before_train`` and the DataLoader iterator would do: a
     benchmark-only shortcut around a whole Runner. Its visualizer does
     nothing: the timeline's points cost what the backends do, which the
     steady state measures.
@@ -592,18 +627,20 @@ def per_step(loader: DataLoader,
             hook_args, warmup_iters=0, settle_iters=0, table_interval=0))
         hook.monitor = DataLoaderMonitor(loader, **hook.monitor_args)
         hook._logger = LoggerHook(interval=10)
-        runner = SimpleNamespace(
-            iter=0,
+        loop = StandInLoop(loader)
+        runner = StandInRunner(
+            _train_loop=loop,
             message_hub=MessageHub.get_instance('benchmark_monitor'),
             visualizer=SimpleNamespace(add_scalars=lambda *a, **k: None),
             train_dataloader=loader)
+        hook._loop = loop
         hook._forget_log_scalars(runner)
         writer = ReportWriter()
         hook.monitor.book_on(writer.submit)
         offset = 0.0
         start = time.process_time()
         for index, (requested, received, rec) in enumerate(steps):
-            runner.iter = index
+            loop._iter = index
             if index % len(recorded) == 0:
                 offset = index  # keep the replayed clock moving forward
             hook.monitor._on_batch(requested + offset, received + offset,
@@ -665,8 +702,8 @@ def steady_state(build: Callable[[int], DataLoader], hook_args: dict,
         backends.add_scalars(*call_args, **call_kwargs)
         backends_cpu[0] += time.thread_time() - start
 
-    runner = SimpleNamespace(
-        iter=0,
+    loop = StandInLoop(loaders['monitored'])
+    runner = StandInRunner(
         max_iters=10**9,
         logger=logger,
         log_dir=log_dir,
@@ -675,7 +712,7 @@ def steady_state(build: Callable[[int], DataLoader], hook_args: dict,
         model=SimpleNamespace(),
         message_hub=MessageHub.get_instance('benchmark_monitor_steady'),
         visualizer=SimpleNamespace(add_scalars=add_scalars),
-        train_loop=SimpleNamespace(dataloader=loaders['monitored']),
+        _train_loop=loop,
         train_dataloader=loaders['monitored'])
     hook.before_train(runner)
     longest = dict(
@@ -688,7 +725,7 @@ def steady_state(build: Callable[[int], DataLoader], hook_args: dict,
     def hooked(iterator: Iterator) -> Iterator:
         while True:
             batch = next(iterator)
-            index, submitted = runner.iter, hook._submitted
+            index, submitted = loop.iter, hook._submitted
             cpu, start = time.thread_time(), time.perf_counter()
             hook.before_train_iter(runner, index, batch)
             spent = time.perf_counter() - start
@@ -708,7 +745,7 @@ def steady_state(build: Callable[[int], DataLoader], hook_args: dict,
             if hook._submitted != submitted and spent > longest['refresh']:
                 # Its own CPU time, apart from waiting (for the GIL).
                 longest.update(refresh=spent, refresh_cpu=clock - call_cpu)
-            runner.iter += 1
+            loop._iter += 1
             yield batch
 
     iterators = dict(

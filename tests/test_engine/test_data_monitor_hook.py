@@ -9,6 +9,7 @@ import json
 import os.path as osp
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 from helpers import DEMO_CONFIG, REPO_ROOT, TRAIN_SCRIPT, quick_cfg_options
@@ -623,18 +624,28 @@ def test_refreshes_reuse_the_head_cache_figures_the_final_report_reads_them(
     assert _report(runner)['head_cache']['hits'] == 2
 
 
-def _stand_in_runner(loader, logger, log_dir):
-    """What before_train and the steps read of a Runner."""
-    from types import SimpleNamespace
+class _StandInRunner(SimpleNamespace):
+    """What before_train and the steps read of a Runner; its ``iter`` is
+    its loop's, as mmengine's Runner's is."""
 
+    @property
+    def iter(self) -> int:
+        return self.train_loop.iter
+
+    @iter.setter
+    def iter(self, value: int) -> None:
+        self.train_loop.iter = value
+
+
+def _stand_in_runner(loader, logger, log_dir):
     from mmengine.logging import MessageHub
-    return SimpleNamespace(
-        iter=0, max_iters=100, logger=logger, log_dir=str(log_dir),
+    return _StandInRunner(
+        max_iters=100, logger=logger, log_dir=str(log_dir),
         cfg=Config(),
         hooks=[], model=SimpleNamespace(),
         message_hub=MessageHub.get_instance('dm_blind_test'),
         visualizer=SimpleNamespace(add_scalars=lambda *a, **k: None),
-        train_loop=SimpleNamespace(dataloader=loader),
+        train_loop=SimpleNamespace(dataloader=loader, iter=0),
         train_dataloader=loader)
 
 
@@ -730,38 +741,49 @@ def test_a_burst_of_points_reaches_the_visualizer_a_few_a_step(
     assert [step for _, step in sent] == [p['step'] + 1 for p in timeline]
 
 
-def test_a_step_reads_runner_iter_once(tmp_path):
-    # mmengine's Runner.iter goes through two properties of the Runner and
-    # one of the loop: a step reads it once, in before_train_iter, and
-    # after_train_iter reuses it (a refresh reads it for its snapshot).
+def test_a_step_reads_the_loop_iter_once(tmp_path):
+    # mmengine's Runner.iter goes through two properties of the Runner (one
+    # an isinstance against an abstract class) to its loop's iter: a step
+    # reads the loop's, once, in before_train_iter, and after_train_iter
+    # reuses it; runner.iter is read only by a refresh (its snapshot).
     import logging
 
-    class Runner:
+    class Loop:
         reads = 0
 
-        def __init__(self, stand_in) -> None:
-            vars(self).update(vars(stand_in))
+        def __init__(self, dataloader) -> None:
+            self.dataloader = dataloader
             self.count = 0
 
         @property
         def iter(self) -> int:
-            Runner.reads += 1
+            Loop.reads += 1
             return self.count
 
+    class Runner(_StandInRunner):
+        reads = 0
+
+        @property
+        def iter(self) -> int:
+            Runner.reads += 1
+            return self.train_loop.iter
+
     loader = DataLoader(list(range(64)), batch_size=2)
-    runner = Runner(
+    runner = Runner(**vars(
         _stand_in_runner(loader, logging.getLogger('dm_iter_test'),
-                         tmp_path))
+                         tmp_path)))
+    loop = runner.train_loop = Loop(loader)
     hook = DataMonitorHook(warmup_iters=0, settle_iters=0, table_interval=100,
                            plot=False)
     hook.before_train(runner)
     try:
-        batches, reads = iter(loader), Runner.reads
+        batches, reads = iter(loader), (Loop.reads, Runner.reads)
         for _ in range(12):
             next(batches)
-            hook.before_train_iter(runner, runner.count)
-            hook.after_train_iter(runner, runner.count)
-            runner.count += 1
-        assert Runner.reads - reads == 12
+            hook.before_train_iter(runner, loop.count)
+            hook.after_train_iter(runner, loop.count)
+            loop.count += 1
+        assert (Loop.reads - reads[0], Runner.reads - reads[1]) == (12, 0)
+        assert hook.monitor.last_step['counted']
     finally:
         hook.after_train(runner)

@@ -164,9 +164,13 @@ class DataMonitorHook(Hook):
         # _logger_logs's bounds: batch indices in between need no check.
         self._checked_index = -1
         self._next_check = 0
+        # The train loop, whose ``iter`` is runner.iter without the
+        # Runner's two properties (mmengine's Runner.iter returns
+        # ``self.train_loop.iter``, and ``train_loop`` checks the loop
+        # against an abstract class): 0.04 us a read warm instead of 0.5.
+        self._loop = None
         # runner.iter of the step in progress, read once in
-        # before_train_iter: mmengine's Runner.iter goes through two
-        # properties of the Runner and one of the loop, four calls.
+        # before_train_iter, reused in after_train_iter.
         self._iteration = 0
         # Whether the loop was judged blind (see _warn_if_blind): once.
         self._blind_checked = False
@@ -203,6 +207,7 @@ class DataMonitorHook(Hook):
             (h for h in runner.hooks if isinstance(h, LoggerHook)), None)
         self._forget_log_scalars(runner)
         self._log_buffers = {}
+        self._loop = loop
         self.monitor = DataLoaderMonitor(loader, **self.monitor_args)
         self.monitor.install(loop=loop)
         if self._logger is not None:
@@ -300,7 +305,7 @@ class DataMonitorHook(Hook):
         monitor = self.monitor
         if monitor is None:
             return
-        self._iteration = iteration = runner.iter
+        self._iteration = iteration = self._loop.iter
         monitor.step(iteration)
         if monitor.new_points:
             self._add_points(runner, monitor.new_points, POINTS_SECONDS)
