@@ -21,7 +21,7 @@ import numpy as np
 from mmcv.transforms import RandomFlip
 from mmengine.config import Config, DictAction
 from mmengine.dataset import BaseDataset, InfiniteSampler, default_collate
-from mmengine.hooks import LoggerHook
+from mmengine.hooks import Hook, LoggerHook
 from mmengine.logging import MessageHub
 from mmengine.registry import VISUALIZERS
 from mmengine.runner import BaseLoop, Runner
@@ -46,6 +46,10 @@ MODES = ('plain', 'monitored')
 ROUND = ('plain', 'monitored', 'monitored', 'plain')
 FETCH_PATHS = ('plain', 'untimed', 'timed')
 CASES = ('cheap', 'demo')
+#: Steps per group of the cold measurement (see cold_step): the hook's
+#: periodic work, every 10 steps (LoggerHook's interval) and every
+#: ``interval`` (50 by default), comes whole in it.
+COLD_GROUP = 50
 #: Where the monitor's code lives (what :func:`monitor_calls` counts).
 MONITOR_CODE = 'mmdata_plugin/data_monitor/'
 #: The cheap case's visualizer: OpenMMLab's default runtime's.
@@ -65,7 +69,8 @@ def parse_args():
         'monitored loader taking turns batch by batch, rounds of K batch '
         'pairs (K: the sampling interval, one timed batch per round), median '
         'of the rounds\' differences in thread CPU time; (3) per step in the '
-        'training process: DataMonitorHook replaying recorded batches; (4) '
+        'training process: DataMonitorHook replaying recorded batches, and '
+        'its calls with the CPU caches swept before each; (4) '
         'steady state: one DataMonitorHook (the config\'s arguments, tables '
         'and JSON refreshes included) on one long-lived worker-less loader '
         'read past the sampling ramp, then chunks alternating with a plain '
@@ -125,6 +130,19 @@ def parse_args():
         'writer CPU is the steady state accounted (refreshes come about '
         'every 30 s with fast steps)')
     parser.add_argument(
+        '--cold-steps',
+        type=int,
+        default=1000,
+        help='steps of the per-step measurement with cold caches, in groups '
+        f'of {COLD_GROUP} (0: skip)')
+    parser.add_argument(
+        '--sweep-mb',
+        type=int,
+        default=16,
+        help='megabytes swept before each batch of those steps is taken and '
+        'between the two calls of the hook, to evict what the hook touched '
+        'from the CPU caches, as the pipeline and the model step do')
+    parser.add_argument(
         '--idle-seconds',
         type=float,
         default=3.0,
@@ -145,6 +163,11 @@ def parse_args():
     args = parser.parse_args()
     if args.idle_seconds < 0 or args.steady_seconds < 0:
         parser.error('--idle-seconds and --steady-seconds must be >= 0')
+    if args.cold_steps and args.cold_steps < COLD_GROUP or args.cold_steps < 0:
+        parser.error(f'--cold-steps must be 0 (skip) or >= {COLD_GROUP}, '
+                     f'got {args.cold_steps}')
+    if args.sweep_mb < 1:
+        parser.error(f'--sweep-mb must be >= 1, got {args.sweep_mb}')
     return args
 
 
@@ -653,6 +676,90 @@ def per_step(loader: DataLoader,
     return statistics.median(runs)
 
 
+def cold_step(hook_args: dict, args) -> Dict[str, Tuple[float, float]]:
+    """CPU time of DataMonitorHook's two calls of a step (``hook_args``,
+    no table) with the CPU caches cold as in training, and of mmengine's
+    ``Hook`` (whose calls do nothing) the same way, by hook (``monitor``,
+    ``nothing``): the median over ``--cold-steps`` steps (a step without
+    periodic work), and the mean over each :data:`COLD_GROUP` of them,
+    median of the groups (amortised).
+    The thread's CPU time, not wall time: the steps are booked on the
+    report writer's thread meanwhile, whose turns with the GIL are not the
+    calls' cost (in training, the model's step releases it). ``--sweep-mb`` are swept before each batch is
+    taken (what the pipeline, or the model step before, does) and between
+    the two calls (the model step): the hook's code and data come back
+    from memory at each call, which timing the calls back to back hides
+    (:func:`per_step`), and the batch's record, made as it is taken, is
+    warm. Zero-cost samples (batch 16), a stand-in runner as in
+    :func:`steady_state`, a visualizer that does nothing.
+    """
+    loaders = {
+        name: DataLoader(Indices(), batch_size=16, collate_fn=list)
+        for name in ('monitor', 'nothing')
+    }
+    loop = StandInLoop(loaders['monitor'])
+    log_dir = tempfile.mkdtemp(prefix='benchmark_monitor_cold_')
+    logger = logging.getLogger('benchmark_monitor_cold')
+    logger.propagate = False
+    runner = StandInRunner(
+        max_iters=10**9,
+        logger=logger,
+        log_dir=log_dir,
+        cfg=Config(),
+        hooks=[LoggerHook(interval=10)],
+        model=SimpleNamespace(),
+        message_hub=MessageHub.get_instance('benchmark_monitor_cold'),
+        visualizer=SimpleNamespace(add_scalars=lambda *a, **k: None),
+        _train_loop=loop,
+        train_dataloader=loaders['monitor'])
+    hooks = dict(
+        monitor=DataMonitorHook(
+            **dict(hook_args, table_interval=0, plot=False)),
+        nothing=Hook())
+    hooks['monitor'].before_train(runner)
+    sweep = np.zeros(args.sweep_mb << 20, dtype=np.uint8)
+    spent = {name: [] for name in hooks}
+    batches = {name: iter(loader) for name, loader in loaders.items()}
+
+    def step(cold: bool) -> None:
+        for name, hook in hooks.items():
+            if cold:
+                sweep[::64] += 1  # a cache line each
+            batch = next(batches[name])
+            start = time.thread_time()
+            hook.before_train_iter(runner, loop.iter, batch)
+            spent_before = time.thread_time() - start
+            if cold:
+                sweep[::64] += 1
+            start = time.thread_time()
+            hook.after_train_iter(runner, loop.iter, batch)
+            if cold:
+                spent[name].append(spent_before + time.thread_time() -
+                                   start)
+        loop._iter += 1
+
+    try:
+        for _ in range(args.steady_warmup):
+            step(cold=False)
+        for _ in range(args.cold_steps):
+            step(cold=True)
+    finally:
+        hooks['monitor'].after_train(runner)
+        shutil.rmtree(log_dir, ignore_errors=True)
+    # Per hook: the median step, and the mean over groups of steps (the log
+    # line's scalars come every 10 steps, the timeline's points every
+    # `interval`), median of the groups.
+    return {
+        name: (statistics.median(times),
+               statistics.median(
+                   sum(times[first:first + COLD_GROUP]) / COLD_GROUP
+                   for first in range(0,
+                                      len(times) - COLD_GROUP + 1,
+                                      COLD_GROUP)))
+        for name, times in spent.items()
+    }
+
+
 def steady_state(build: Callable[[int], DataLoader], hook_args: dict,
                  visualizer: dict, args) -> dict:
     """What DataMonitorHook with ``hook_args`` (tables and JSON refreshes
@@ -920,6 +1027,20 @@ def measure(name: str, build: Callable[[int], DataLoader], hook_args: dict,
                           if key != 'table_interval')
         print(f'  per step in the training process, DataMonitorHook({shown})'
               f" without its tables: {row['step_us']:.1f} us CPU")
+    if args.cold_steps:
+        cold = cold_step(hook_args, args)
+        (step, group), (nothing, nothing_group) = cold['monitor'], cold[
+            'nothing']
+        row['cold_step_us'] = 1e6 * (group - nothing_group)
+        print(f'  per step with cold caches ({args.sweep_mb} MB swept before '
+              f'each call; {args.cold_steps} steps), CPU: DataMonitorHook '
+              f"{1e6 * step:.1f} us, mmengine's Hook (its calls do nothing) "
+              f'{1e6 * nothing:.1f} us in the median step: '
+              f'{1e6 * (step - nothing):+.1f} us; amortised (steps in groups '
+              f'of {COLD_GROUP}, the median group) {1e6 * group:.1f} and '
+              f'{1e6 * nothing_group:.1f} us: {row["cold_step_us"]:+.1f} us '
+              f'a step, {row["cold_step_us"] / probe.batch_size:+.2f} us per '
+              f'sample at batch {probe.batch_size}')
     if args.steady_rounds:
         steady = steady_state(build, hook_args, visualizer, args)
         shown = ', '.join(f'{key}={value!r}'

@@ -42,6 +42,7 @@ def test_overhead_benchmark_prints_the_median_ratio(demo_root, train_env):
         '--chunk-seconds', '0.02', '--warmup', '2', '--process-rounds', '2',
         '--steady-rounds', '1', '--steady-batches', '3', '--steady-warmup',
         '4', '--steady-seconds', '0.05', '--idle-seconds', '0.01',
+        '--cold-steps', '50', '--sweep-mb', '1',
         '--cfg-options', 'train_dataloader.batch_size=4'
     ],
                       env=train_env).stdout
@@ -92,6 +93,15 @@ def test_overhead_benchmark_prints_the_median_ratio(demo_root, train_env):
         r"visualizer's backends [\d.]+ us; the clock's own [\d.]+ us "
         r'subtracted\) \+ its writer thread [\d.]+ us = [-\d.]+ '
         r'us CPU per sample$', out, re.M)) == 2, out
+    # The hook's calls with the caches swept before each, against
+    # mmengine's Hook, whose calls do nothing.
+    assert len(re.findall(
+        r'^  per step with cold caches \(1 MB swept before each call; 50 '
+        r"steps\), CPU: DataMonitorHook [\d.]+ us, mmengine's Hook \(its "
+        r'calls do nothing\) [\d.]+ us in the median step: [-+\d.]+ us; '
+        r'amortised \(steps in groups of 50, the median group\) [\d.]+ and '
+        r'[\d.]+ us: [-+\d.]+ us a step, [-+\d.]+ us per sample at batch '
+        r'(32|4)$', out, re.M)) == 2, out
     assert re.search(
         r'^this machine: a small call after 0.01 s idle costs [\d.]+ ms of '
         r'CPU, again at once [\d.]+ us \(median of 3\)', out, re.M), out
