@@ -46,9 +46,10 @@ MODES = ('plain', 'monitored')
 ROUND = ('plain', 'monitored', 'monitored', 'plain')
 FETCH_PATHS = ('plain', 'untimed', 'timed')
 CASES = ('cheap', 'demo')
-#: Steps per group of the cold measurement (see cold_step): the hook's
-#: periodic work, every 10 steps (LoggerHook's interval) and every
-#: ``interval`` (50 by default), comes whole in it.
+#: Steps per group of the cold measurement (see cold_step): a whole number
+#: of the log line's scalars, published every 10 steps (the stand-in
+#: LoggerHook's interval). (The timeline's points come in bursts after a
+#: hand-over of steps, every 10 s or so: rarely in these steps.)
 COLD_GROUP = 50
 #: Where the monitor's code lives (what :func:`monitor_calls` counts).
 MONITOR_CODE = 'mmdata_plugin/data_monitor/'
@@ -134,7 +135,7 @@ def parse_args():
         type=int,
         default=1000,
         help='steps of the per-step measurement with cold caches, in groups '
-        f'of {COLD_GROUP} (0: skip)')
+        f'of {COLD_GROUP} (0: skip), after --steady-warmup warm ones')
     parser.add_argument(
         '--sweep-mb',
         type=int,
@@ -163,9 +164,9 @@ def parse_args():
     args = parser.parse_args()
     if args.idle_seconds < 0 or args.steady_seconds < 0:
         parser.error('--idle-seconds and --steady-seconds must be >= 0')
-    if args.cold_steps and args.cold_steps < COLD_GROUP or args.cold_steps < 0:
-        parser.error(f'--cold-steps must be 0 (skip) or >= {COLD_GROUP}, '
-                     f'got {args.cold_steps}')
+    if args.cold_steps % COLD_GROUP or args.cold_steps < 0:
+        parser.error(f'--cold-steps must be 0 (skip) or a multiple of '
+                     f'{COLD_GROUP}, got {args.cold_steps}')
     if args.sweep_mb < 1:
         parser.error(f'--sweep-mb must be >= 1, got {args.sweep_mb}')
     return args
@@ -608,21 +609,25 @@ class StandInLoop(BaseLoop):
 
 
 class StandInRunner(SimpleNamespace):
-    """What DataMonitorHook reads of a Runner. Its ``iter`` costs what
-    mmengine's ``Runner.iter`` does (the hook reads it in its refreshes):
-    a property that reads the ``train_loop`` property, which checks the
-    loop against ``BaseLoop`` (an abstract class), then the loop's own.
+    """What DataMonitorHook reads of a Runner. Its ``iter`` and
+    ``train_loop`` are mmengine's ``Runner`` properties' bodies (0.10.x;
+    onedl-mmengine's are the same), so that reading ``runner.iter`` costs
+    here what it does in training: the ``train_loop`` property twice,
+    three ``isinstance`` checks against ``BaseLoop`` (an abstract class),
+    then the loop's own ``iter``.
     """
 
     @property
     def iter(self) -> int:
-        return self.train_loop.iter
+        if isinstance(self.train_loop, BaseLoop):
+            return self.train_loop.iter
+        return 0
 
     @property
     def train_loop(self) -> BaseLoop:
-        if not isinstance(self._train_loop, BaseLoop):
-            raise TypeError('the stand-in runner needs a BaseLoop')
-        return self._train_loop
+        if isinstance(self._train_loop, BaseLoop) or self._train_loop is None:
+            return self._train_loop
+        raise TypeError('the stand-in runner needs a built BaseLoop')
 
 
 def per_step(loader: DataLoader,
@@ -676,25 +681,28 @@ def per_step(loader: DataLoader,
     return statistics.median(runs)
 
 
-def cold_step(hook_args: dict, args) -> Dict[str, Tuple[float, float]]:
+def cold_step(hook_args: dict, batch_size: int,
+              args) -> Dict[str, Tuple[float, float]]:
     """CPU time of DataMonitorHook's two calls of a step (``hook_args``,
     no table) with the CPU caches cold as in training, and of mmengine's
     ``Hook`` (whose calls do nothing) the same way, by hook (``monitor``,
     ``nothing``): the median over ``--cold-steps`` steps (a step without
     periodic work), and the mean over each :data:`COLD_GROUP` of them,
     median of the groups (amortised).
+
+    ``--sweep-mb`` are swept before each batch is taken (what the
+    pipeline, or the model step before, does) and between the two calls
+    (the model step): the hook's code and data come back from memory at
+    each call, which timing the calls back to back hides
+    (:func:`per_step`); the batch's record, made as it is taken, is warm.
     The thread's CPU time, not wall time: the steps are booked on the
     report writer's thread meanwhile, whose turns with the GIL are not the
-    calls' cost (in training, the model's step releases it). ``--sweep-mb`` are swept before each batch is
-    taken (what the pipeline, or the model step before, does) and between
-    the two calls (the model step): the hook's code and data come back
-    from memory at each call, which timing the calls back to back hides
-    (:func:`per_step`), and the batch's record, made as it is taken, is
-    warm. Zero-cost samples (batch 16), a stand-in runner as in
-    :func:`steady_state`, a visualizer that does nothing.
+    calls' cost. Zero-cost samples (``batch_size`` of them a batch), a
+    stand-in runner as in :func:`steady_state` with a visualizer that does
+    nothing, ``--steady-warmup`` warm steps first.
     """
     loaders = {
-        name: DataLoader(Indices(), batch_size=16, collate_fn=list)
+        name: DataLoader(Indices(), batch_size=batch_size, collate_fn=list)
         for name in ('monitor', 'nothing')
     }
     loop = StandInLoop(loaders['monitor'])
@@ -716,10 +724,7 @@ def cold_step(hook_args: dict, args) -> Dict[str, Tuple[float, float]]:
         monitor=DataMonitorHook(
             **dict(hook_args, table_interval=0, plot=False)),
         nothing=Hook())
-    hooks['monitor'].before_train(runner)
-    sweep = np.zeros(args.sweep_mb << 20, dtype=np.uint8)
     spent = {name: [] for name in hooks}
-    batches = {name: iter(loader) for name, loader in loaders.items()}
 
     def step(cold: bool) -> None:
         for name, hook in hooks.items():
@@ -738,7 +743,10 @@ def cold_step(hook_args: dict, args) -> Dict[str, Tuple[float, float]]:
                                    start)
         loop._iter += 1
 
+    hooks['monitor'].before_train(runner)
     try:
+        sweep = np.zeros(args.sweep_mb << 20, dtype=np.uint8)
+        batches = {name: iter(loader) for name, loader in loaders.items()}
         for _ in range(args.steady_warmup):
             step(cold=False)
         for _ in range(args.cold_steps):
@@ -746,9 +754,8 @@ def cold_step(hook_args: dict, args) -> Dict[str, Tuple[float, float]]:
     finally:
         hooks['monitor'].after_train(runner)
         shutil.rmtree(log_dir, ignore_errors=True)
-    # Per hook: the median step, and the mean over groups of steps (the log
-    # line's scalars come every 10 steps, the timeline's points every
-    # `interval`), median of the groups.
+    # Per hook: the median step, and the mean over groups of steps (a log
+    # line's scalars every 10 of them), median of the groups.
     return {
         name: (statistics.median(times),
                statistics.median(
@@ -1027,20 +1034,6 @@ def measure(name: str, build: Callable[[int], DataLoader], hook_args: dict,
                           if key != 'table_interval')
         print(f'  per step in the training process, DataMonitorHook({shown})'
               f" without its tables: {row['step_us']:.1f} us CPU")
-    if args.cold_steps:
-        cold = cold_step(hook_args, args)
-        (step, group), (nothing, nothing_group) = cold['monitor'], cold[
-            'nothing']
-        row['cold_step_us'] = 1e6 * (group - nothing_group)
-        print(f'  per step with cold caches ({args.sweep_mb} MB swept before '
-              f'each call; {args.cold_steps} steps), CPU: DataMonitorHook '
-              f"{1e6 * step:.1f} us, mmengine's Hook (its calls do nothing) "
-              f'{1e6 * nothing:.1f} us in the median step: '
-              f'{1e6 * (step - nothing):+.1f} us; amortised (steps in groups '
-              f'of {COLD_GROUP}, the median group) {1e6 * group:.1f} and '
-              f'{1e6 * nothing_group:.1f} us: {row["cold_step_us"]:+.1f} us '
-              f'a step, {row["cold_step_us"] / probe.batch_size:+.2f} us per '
-              f'sample at batch {probe.batch_size}')
     if args.steady_rounds:
         steady = steady_state(build, hook_args, visualizer, args)
         shown = ', '.join(f'{key}={value!r}'
@@ -1073,6 +1066,22 @@ def measure(name: str, build: Callable[[int], DataLoader], hook_args: dict,
                    steady_accounted_us=steady['hook_us'] +
                    steady['writer_us'],
                    longest_ms=steady['longest_ms'])
+    if args.cold_steps:
+        # (after the steady state, which so runs in the process as it did
+        # before this measurement existed)
+        cold = cold_step(hook_args, probe.batch_size, args)
+        (step, group), (nothing, nothing_group) = cold['monitor'], cold[
+            'nothing']
+        amortised = 1e6 * (group - nothing_group)
+        print(f'  per step with cold caches ({args.sweep_mb} MB swept before '
+              f'each call; {args.cold_steps} steps), CPU: DataMonitorHook '
+              f"{1e6 * step:.1f} us, mmengine's Hook (its calls do nothing) "
+              f'{1e6 * nothing:.1f} us in the median step: '
+              f'{1e6 * (step - nothing):+.1f} us; amortised (steps in groups '
+              f'of {COLD_GROUP}, the median group) {1e6 * group:.1f} and '
+              f'{1e6 * nothing_group:.1f} us: {amortised:+.1f} us a step, '
+              f'{amortised / probe.batch_size:+.2f} us per sample at batch '
+              f'{probe.batch_size}')
     return row
 
 

@@ -263,8 +263,6 @@ def test_the_log_lines_values_are_the_intervals_and_come_last_in_order():
     # The hook writes its buffers' single values in place: each line shows
     # its interval's means only, no key of an interval without a figure,
     # and the dm_* keys last in the same order (as new buffers were).
-    from types import SimpleNamespace
-
     from mmengine.logging import MessageHub
 
     from mmdata_plugin.engine.hooks.data_monitor_hook import LOG_SCALARS
@@ -686,7 +684,6 @@ def test_a_burst_of_points_reaches_the_visualizer_a_few_a_step(
     # oldest first, and the end of training sends the rest.
     import logging
     from collections import Counter
-    from types import SimpleNamespace
 
     from mmdata_plugin.data_monitor import load_report
     from mmdata_plugin.engine.hooks import data_monitor_hook
@@ -742,10 +739,11 @@ def test_a_burst_of_points_reaches_the_visualizer_a_few_a_step(
 
 
 def test_a_step_reads_the_loop_iter_once(tmp_path):
-    # mmengine's Runner.iter goes through two properties of the Runner (one
-    # an isinstance against an abstract class) to its loop's iter: a step
-    # reads the loop's, once, in before_train_iter, and after_train_iter
-    # reuses it; runner.iter is read only by a refresh (its snapshot).
+    # mmengine's Runner.iter reads its train_loop property twice and checks
+    # the loop against an abstract class three times before the loop's
+    # iter: a step reads the loop's, once, in before_train_iter, and
+    # after_train_iter reuses it; runner.iter is read only by a refresh
+    # (its snapshot).
     import logging
 
     class Loop:
