@@ -630,6 +630,26 @@ class StandInRunner(SimpleNamespace):
         raise TypeError('the stand-in runner needs a built BaseLoop')
 
 
+def stand_in_runner(loader: DataLoader, logger: logging.Logger,
+                    log_dir: str, name: str,
+                    add_scalars: Callable[..., None]) -> StandInRunner:
+    """What DataMonitorHook's ``before_train``, steps and refreshes read of
+    a Runner around ``loader``: a :class:`StandInLoop`, a ``LoggerHook``
+    of interval 10 (the hook publishes at its log lines), mmengine's
+    MessageHub ``name``, and a visualizer of ``add_scalars`` only."""
+    return StandInRunner(
+        max_iters=10**9,
+        logger=logger,
+        log_dir=log_dir,
+        cfg=Config(),
+        hooks=[LoggerHook(interval=10)],
+        model=SimpleNamespace(),
+        message_hub=MessageHub.get_instance(name),
+        visualizer=SimpleNamespace(add_scalars=add_scalars),
+        _train_loop=StandInLoop(loader),
+        train_dataloader=loader)
+
+
 def per_step(loader: DataLoader,
              recorded: list,
              hook_args: dict,
@@ -705,21 +725,13 @@ def cold_step(hook_args: dict, batch_size: int,
         name: DataLoader(Indices(), batch_size=batch_size, collate_fn=list)
         for name in ('monitor', 'nothing')
     }
-    loop = StandInLoop(loaders['monitor'])
     log_dir = tempfile.mkdtemp(prefix='benchmark_monitor_cold_')
     logger = logging.getLogger('benchmark_monitor_cold')
     logger.propagate = False
-    runner = StandInRunner(
-        max_iters=10**9,
-        logger=logger,
-        log_dir=log_dir,
-        cfg=Config(),
-        hooks=[LoggerHook(interval=10)],
-        model=SimpleNamespace(),
-        message_hub=MessageHub.get_instance('benchmark_monitor_cold'),
-        visualizer=SimpleNamespace(add_scalars=lambda *a, **k: None),
-        _train_loop=loop,
-        train_dataloader=loaders['monitor'])
+    runner = stand_in_runner(loaders['monitor'], logger, log_dir,
+                             'benchmark_monitor_cold',
+                             lambda *a, **k: None)
+    loop = runner.train_loop
     hooks = dict(
         monitor=DataMonitorHook(
             **dict(hook_args, table_interval=0, plot=False)),
@@ -816,18 +828,9 @@ def steady_state(build: Callable[[int], DataLoader], hook_args: dict,
         backends.add_scalars(*call_args, **call_kwargs)
         backends_cpu[0] += time.thread_time() - start
 
-    loop = StandInLoop(loaders['monitored'])
-    runner = StandInRunner(
-        max_iters=10**9,
-        logger=logger,
-        log_dir=log_dir,
-        cfg=Config(),
-        hooks=[LoggerHook(interval=10)],
-        model=SimpleNamespace(),
-        message_hub=MessageHub.get_instance('benchmark_monitor_steady'),
-        visualizer=SimpleNamespace(add_scalars=add_scalars),
-        _train_loop=loop,
-        train_dataloader=loaders['monitored'])
+    runner = stand_in_runner(loaders['monitored'], logger, log_dir,
+                             'benchmark_monitor_steady', add_scalars)
+    loop = runner.train_loop
     hook.before_train(runner)
     longest = dict(
         before=0.0, before_cpu=0.0, call=0.0, refresh=0.0, refresh_cpu=0.0)
