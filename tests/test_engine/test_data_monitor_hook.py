@@ -785,3 +785,32 @@ def test_a_step_reads_the_loop_iter_once(tmp_path):
         assert hook.monitor.last_step['counted']
     finally:
         hook.after_train(runner)
+
+
+def test_a_log_line_covers_the_steps_up_to_its_own(tmp_path):
+    # The log line's scalars are put in before_train_iter, once its step is
+    # committed: LoggerHook, in after_train_iter, logs the interval's steps
+    # up to this one, as when they were put in after_train_iter.
+    import logging
+
+    from mmengine.hooks import LoggerHook
+    loader = DataLoader(list(range(64)), batch_size=2)
+    runner = _stand_in_runner(loader, logging.getLogger('dm_line_test'),
+                              tmp_path)
+    runner.hooks = [LoggerHook(interval=4)]
+    hook = DataMonitorHook(warmup_iters=0, settle_iters=0, table_interval=0,
+                           plot=False)
+    hook.before_train(runner)
+    waits, logged = [0.001 * (step + 1) for step in range(8)], []
+    try:
+        for step, wait in enumerate(waits):
+            hook.monitor._on_batch(10.0 * step, 10.0 * step + wait, None)
+            hook.before_train_iter(runner, step)
+            hook.after_train_iter(runner, step)
+            buffer = runner.message_hub.log_scalars.get('train/dm_wait_time')
+            logged.append(None if buffer is None else buffer.current())
+            runner.iter += 1
+    finally:
+        hook.after_train(runner)
+    assert logged[3] == pytest.approx(sum(waits[:4]) / 4)
+    assert logged[7] == pytest.approx(sum(waits[4:]) / 4)

