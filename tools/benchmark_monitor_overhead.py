@@ -630,13 +630,17 @@ class StandInRunner(SimpleNamespace):
         raise TypeError('the stand-in runner needs a built BaseLoop')
 
 
-def stand_in_runner(loader: DataLoader, logger: logging.Logger,
-                    log_dir: str, name: str,
-                    add_scalars: Callable[..., None]) -> StandInRunner:
+def stand_in_runner(loader: DataLoader,
+                    name: str,
+                    add_scalars: Callable[..., None],
+                    logger: Optional[logging.Logger] = None,
+                    log_dir: Optional[str] = None) -> StandInRunner:
     """What DataMonitorHook's ``before_train``, steps and refreshes read of
     a Runner around ``loader``: a :class:`StandInLoop`, a ``LoggerHook``
     of interval 10 (the hook publishes at its log lines), mmengine's
-    MessageHub ``name``, and a visualizer of ``add_scalars`` only."""
+    MessageHub ``name``, a visualizer of ``add_scalars`` only, and the
+    ``logger`` and ``log_dir`` that ``before_train`` and the refreshes
+    write to (None where neither runs)."""
     return StandInRunner(
         max_iters=10**9,
         logger=logger,
@@ -658,8 +662,7 @@ def per_step(loader: DataLoader,
     (the config's; no table: ``table_interval=0``), the median of
     ``repeat`` replays of the recorded batches, 20 times each.
 
-    The hook runs on a stand-in runner with mmengine's MessageHub and a
-    LoggerHook of interval 10 (the hook publishes at its log lines); its
+    The hook runs on a stand-in runner (:func:`stand_in_runner`); its
     private ``_logger``, ``_loop`` / ``_forget_log_scalars``, the
     monitor's books on a report writer's thread (``book_on``, counted:
     process CPU time, the writer flushed) and the monitor's ``_on_batch``
@@ -674,14 +677,10 @@ def per_step(loader: DataLoader,
         hook = DataMonitorHook(**dict(
             hook_args, warmup_iters=0, settle_iters=0, table_interval=0))
         hook.monitor = DataLoaderMonitor(loader, **hook.monitor_args)
-        hook._logger = LoggerHook(interval=10)
-        loop = StandInLoop(loader)
-        runner = StandInRunner(
-            _train_loop=loop,
-            message_hub=MessageHub.get_instance('benchmark_monitor'),
-            visualizer=SimpleNamespace(add_scalars=lambda *a, **k: None),
-            train_dataloader=loader)
-        hook._loop = loop
+        runner = stand_in_runner(loader, 'benchmark_monitor',
+                                 lambda *a, **k: None)
+        hook._logger = runner.hooks[0]
+        loop = hook._loop = runner.train_loop
         hook._forget_log_scalars(runner)
         writer = ReportWriter()
         hook.monitor.book_on(writer.submit)
@@ -728,9 +727,8 @@ def cold_step(hook_args: dict, batch_size: int,
     log_dir = tempfile.mkdtemp(prefix='benchmark_monitor_cold_')
     logger = logging.getLogger('benchmark_monitor_cold')
     logger.propagate = False
-    runner = stand_in_runner(loaders['monitor'], logger, log_dir,
-                             'benchmark_monitor_cold',
-                             lambda *a, **k: None)
+    runner = stand_in_runner(loaders['monitor'], 'benchmark_monitor_cold',
+                             lambda *a, **k: None, logger, log_dir)
     loop = runner.train_loop
     hooks = dict(
         monitor=DataMonitorHook(
@@ -828,8 +826,8 @@ def steady_state(build: Callable[[int], DataLoader], hook_args: dict,
         backends.add_scalars(*call_args, **call_kwargs)
         backends_cpu[0] += time.thread_time() - start
 
-    runner = stand_in_runner(loaders['monitored'], logger, log_dir,
-                             'benchmark_monitor_steady', add_scalars)
+    runner = stand_in_runner(loaders['monitored'], 'benchmark_monitor_steady',
+                             add_scalars, logger, log_dir)
     loop = runner.train_loop
     hook.before_train(runner)
     longest = dict(
