@@ -605,7 +605,8 @@ class StandInLoop(BaseLoop):
         return self._iter
 
     def run(self) -> None:
-        raise NotImplementedError('the benchmark steps this loop itself')
+        # (BaseLoop's abstract method: this loop is stepped by the benchmark)
+        raise RuntimeError('StandInLoop is stepped by the benchmark, not run')
 
 
 class StandInRunner(SimpleNamespace):
